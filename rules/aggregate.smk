@@ -1,0 +1,16 @@
+rule aggregate_tables:
+    input:
+        cells=get_run_outputs("cells.csv"),
+        meta=get_run_outputs("meta.json"),
+    output:
+        cells="results/tables/cells.csv",
+        throughput=report("results/tables/throughput.csv", category="Tables"),
+        throughput_md="results/tables/throughput.md",
+        speedup=report("results/tables/speedup.csv", category="Tables"),
+        speedup_md="results/tables/speedup.md",
+    params:
+        baseline=BASELINE,
+    log:
+        "logs/aggregate/tables.log",
+    script:
+        "../scripts/aggregate_tables.py"

@@ -1,0 +1,20 @@
+rule bench_config:
+    input:
+        model=get_model_of,
+        # Re-checking the host or re-preparing an engine must not re-benchmark every config: order only.
+        engine=lambda wc: ancient(get_engine_of(wc)),
+        env=ancient(f"results/env/{HOST}.json"),
+    output:
+        cells="results/runs/{cfg}/cells.csv",
+        requests="results/runs/{cfg}/requests.jsonl",
+        meta="results/runs/{cfg}/meta.json",
+        server_log="results/runs/{cfg}/server.log",
+        telemetry="results/runs/{cfg}/telemetry.csv",
+    params:
+        run=get_bench_params,
+    resources:
+        gpus=get_gpus,
+    log:
+        "logs/bench/{cfg}.log",
+    script:
+        "../scripts/bench_config.py"

@@ -1,0 +1,76 @@
+import socket
+
+from snakemake.utils import validate
+
+from servesweep.config import ConfigError, ServerConfig, check_config
+from servesweep.engines import get_engine
+
+# Schema first (with the library's key-naming messages), then Snakemake's validate to fill defaults,
+# then the semantic checks. All of this happens while the DAG is built: before any server starts.
+try:
+    config.update(check_config(dict(config)))
+except ConfigError as err:
+    raise WorkflowError(str(err))
+validate(config, schema="../config/schema.yaml")
+
+SERVER_CONFIGS = sorted(config["server_configs"])
+HOST = config.get("host", {}).get("name") or socket.gethostname().split(".")[0]
+BASELINE = config["baseline"]
+
+
+wildcard_constraints:
+    cfg="|".join(map(re.escape, SERVER_CONFIGS)),
+    model=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
+    engine="llamacpp|sglang|vllm",
+
+
+def get_model_of(wildcards):
+    """The model manifest a config's bench job needs."""
+    model = config["server_configs"][wildcards.cfg]["model"]
+    return f"resources/models/{model}/manifest.json"
+
+
+def get_engine_of(wildcards):
+    """The prepared-engine facts a config's bench job needs."""
+    return f"resources/engines/{config['server_configs'][wildcards.cfg]['engine']}.json"
+
+
+def get_bench_params(wildcards):
+    """Everything that defines one config's measurement: editing it reruns that config only."""
+    entry = config["server_configs"][wildcards.cfg]
+    return {
+        "server_config": entry,
+        "model": config["models"][entry["model"]],
+        "engine_settings": config.get("engines", {}).get(entry["engine"], {}),
+        "matrix": config["matrix"],
+    }
+
+
+def get_gpus(wildcards):
+    """Accelerators one server of this config occupies (the SLURM profile asks for this many)."""
+    entry = config["server_configs"][wildcards.cfg]
+    return get_engine(entry["engine"]).world_size(entry.get("options", {}))
+
+
+def get_engines_used():
+    return sorted({sc["engine"] for sc in config["server_configs"].values()})
+
+
+def get_models_used():
+    return sorted({sc["model"] for sc in config["server_configs"].values()})
+
+
+def get_run_outputs(name):
+    return expand(f"results/runs/{{cfg}}/{name}", cfg=SERVER_CONFIGS)
+
+
+def get_env_needs():
+    """What the host check must verify for this sweep: engines, accelerators per server, model sizes."""
+    return {
+        "engines": get_engines_used(),
+        "max_gpus": max(
+            get_engine(sc["engine"]).world_size(sc.get("options", {}))
+            for sc in config["server_configs"].values()
+        ),
+        "models": {m: config["models"][m] for m in get_models_used()},
+    }

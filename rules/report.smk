@@ -1,0 +1,40 @@
+rule plot_charts:
+    input:
+        cells="results/tables/cells.csv",
+        speedup="results/tables/speedup.csv",
+    output:
+        throughput_png=report("results/report/throughput_vs_concurrency.png", category="Charts"),
+        throughput_svg="results/report/throughput_vs_concurrency.svg",
+        speedup_png=report("results/report/speedup_heatmap.png", category="Charts"),
+        speedup_svg="results/report/speedup_heatmap.svg",
+    params:
+        baseline=BASELINE,
+    log:
+        "logs/report/charts.log",
+    script:
+        "../scripts/plot_charts.py"
+
+
+rule report:
+    input:
+        findings="results/report/FINDINGS.md",
+
+
+rule write_findings:
+    input:
+        cells="results/tables/cells.csv",
+        throughput="results/tables/throughput.md",
+        speedup="results/tables/speedup.csv",
+        speedup_md="results/tables/speedup.md",
+        meta=get_run_outputs("meta.json"),
+        env=f"results/env/{HOST}.md",
+        env_facts=f"results/env/{HOST}.json",
+        charts=rules.plot_charts.output,
+    output:
+        findings=report("results/report/FINDINGS.md", category="Report"),
+    params:
+        baseline=BASELINE,
+    log:
+        "logs/report/findings.log",
+    script:
+        "../scripts/write_findings.py"

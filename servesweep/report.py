@@ -1,0 +1,148 @@
+"""The findings report: setup, data-driven findings, tables, charts and the host card, as markdown.
+
+It reads the aggregated tables and each run's meta.json, never the server logs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+# A drop larger than this from one concurrency to the next is reported as an anomaly, not noise.
+THROUGHPUT_DROP_FRACTION = 0.05
+# Client event-loop lag (p99) above this means the client, not the server, may have set the pace.
+CLIENT_LAG_P99_MS = 20.0
+
+
+def _fmt(x, spec=".1f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def best_per_cell(cells: pd.DataFrame) -> pd.DataFrame:
+    idx = cells.groupby(["ctx", "concurrency"])["agg_output_tok_s"].idxmax()
+    best = cells.loc[idx, ["ctx", "concurrency", "config", "agg_output_tok_s"]]
+    return best.sort_values(["ctx", "concurrency"]).reset_index(drop=True)
+
+
+def speculative_findings(speedup: pd.DataFrame, baseline: str) -> list[str]:
+    """Per non-baseline config: where it beats the baseline and the concurrency from which it stops paying."""
+    lines = []
+    for cfg, grp in speedup[speedup["config"] != baseline].groupby("config"):
+        for ctx, g in grp.sort_values("concurrency").groupby("ctx"):
+            wins = g[g["speedup"] > 1.0]
+            losses = g[g["speedup"] <= 1.0]
+            series = ", ".join(f"C={int(r.concurrency)}: {r.speedup:.2f}×" for r in g.itertuples())
+            if losses.empty:
+                verdict = "pays at every concurrency measured"
+            elif wins.empty:
+                verdict = "never beats the baseline"
+            else:
+                first_loss = int(losses["concurrency"].min())
+                verdict = (f"pays up to C={int(wins[wins['concurrency'] < first_loss]['concurrency'].max())}"
+                           if not wins[wins['concurrency'] < first_loss].empty else "does not pay at low concurrency")
+                verdict += f" and stops paying at C={first_loss}"
+            lines.append(f"- `{cfg}` at {ctx} prompt tokens {verdict} ({series}).")
+    return lines
+
+
+def anomalies(cells: pd.DataFrame) -> list[str]:
+    out = []
+    for r in cells[cells.get("errors", 0) > 0].itertuples():
+        out.append(f"- `{r.config}` ctx={r.ctx} C={r.concurrency}: {int(r.errors)} of {int(r.requests)} requests "
+                   "failed (see requests.jsonl).")
+    for (cfg, ctx), g in cells.sort_values("concurrency").groupby(["config", "ctx"]):
+        prev = None
+        for r in g.itertuples():
+            if prev is not None and r.agg_output_tok_s < prev.agg_output_tok_s * (1 - THROUGHPUT_DROP_FRACTION):
+                out.append(f"- `{cfg}` ctx={ctx}: throughput falls from {prev.agg_output_tok_s:.1f} tok/s at "
+                           f"C={prev.concurrency} to {r.agg_output_tok_s:.1f} at C={r.concurrency} — the server is "
+                           "saturated (queueing or contention), more concurrency only adds latency.")
+            prev = r
+    if "loop_lag_p99_ms" in cells:
+        for r in cells[cells["loop_lag_p99_ms"] > CLIENT_LAG_P99_MS].itertuples():
+            out.append(f"- `{r.config}` ctx={r.ctx} C={r.concurrency}: client event-loop lag p99 "
+                       f"{r.loop_lag_p99_ms:.1f} ms > {CLIENT_LAG_P99_MS:.0f} ms — the client may have limited this "
+                       "cell; do not read it as the server's speed.")
+    if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
+        off = cells[(cells["prompt_tokens_per_request"] - cells["requested_prompt_tokens"]).abs() > 2]
+        for r in off.itertuples():
+            out.append(f"- `{r.config}` ctx={r.ctx}: the server counted {r.prompt_tokens_per_request:.0f} prompt "
+                       f"tokens per request for {r.requested_prompt_tokens} requested.")
+    return out
+
+
+def engine_metric_findings(cells: pd.DataFrame) -> list[str]:
+    out = []
+    if "accept_length" in cells:
+        for cfg, g in cells.dropna(subset=["accept_length"]).groupby("config"):
+            parts = ", ".join(f"ctx={r.ctx} C={r.concurrency}: {r.accept_length:.2f}" for r in g.itertuples())
+            out.append(f"- `{cfg}` accept length (tokens per verify step, bonus token included): {parts}.")
+    return out
+
+
+def setup_section(metas: list[dict]) -> list[str]:
+    lines = ["| config | engine | version | model | labels | ready after | status |", "|---|---|---|---|---|---|---|"]
+    for m in metas:
+        labels = ", ".join(f"{k}={v}" for k, v in (m.get("labels") or {}).items())
+        lines.append(f"| `{m['config']}` | {m['engine']} | {m.get('engine_version') or '–'} | {m['model']} "
+                     f"| {labels} | {_fmt(m.get('ready_s'))} s | {m.get('status')} |")
+    return lines
+
+
+def write_findings(out_path: Path, inputs, baseline: str) -> str:
+    cells = pd.read_csv(inputs.cells)
+    speedup = pd.read_csv(inputs.speedup)
+    metas = [json.loads(Path(p).read_text()) for p in sorted(inputs.meta)]
+    env_card = Path(inputs.env).read_text()
+    matrix = metas[0]["matrix"] if metas else {}
+    host = metas[0].get("host") if metas else "?"
+
+    lines = ["# Findings", ""]
+    lines += ["## Setup", "",
+              f"Host `{host}`; {len(metas)} server configs; baseline `{baseline}`. Matrix: prompt tokens "
+              f"{matrix.get('context_lengths')} × concurrency {matrix.get('concurrencies')}, "
+              f"{matrix.get('output_tokens')} output tokens per request, "
+              f"{matrix.get('requests_per_cell', {}).get('per_concurrency')}× C requests per cell "
+              f"(at least {matrix.get('requests_per_cell', {}).get('min')}), "
+              f"{matrix.get('warmup_requests')} warm-up request(s), {matrix.get('repeats')} repeat(s).", ""]
+    lines += setup_section(metas) + [""]
+
+    lines += ["## Findings", ""]
+    best = best_per_cell(cells)
+    lines.append("Best configuration per cell (aggregate output tok/s):")
+    lines.append("")
+    for c, g in best.groupby("concurrency"):
+        winners = ", ".join(f"`{r.config}` at ctx={r.ctx} ({r.agg_output_tok_s:.1f} tok/s)" for r in g.itertuples())
+        lines.append(f"- C={c}: {winners}.")
+    overall = cells.loc[cells["agg_output_tok_s"].idxmax()]
+    lines += ["", f"Highest throughput overall: `{overall['config']}` with {overall['agg_output_tok_s']:.1f} tok/s at "
+              f"ctx={overall['ctx']}, C={overall['concurrency']}.", ""]
+    spec = speculative_findings(speedup, baseline)
+    if spec:
+        lines += [f"Against the baseline `{baseline}` at matched cells:", ""] + spec + [""]
+    eng = engine_metric_findings(cells)
+    if eng:
+        lines += ["Engine metrics per cell:", ""] + eng + [""]
+    anomaly = anomalies(cells)
+    lines += ["Anomalies:", ""] + (anomaly or ["- none found (no errors, no throughput drop as concurrency rises, "
+                                               "client never the bottleneck)."]) + [""]
+    warnings = [f"- `{m['config']}`: {w}" for m in metas for w in m.get("warnings") or []]
+    if warnings:
+        lines += ["Configuration warnings:", ""] + warnings + [""]
+
+    lines += ["## Tables", "", "### Throughput", "", Path(inputs.throughput).read_text(), "",
+              f"### Speedup over `{baseline}`", "", Path(inputs.speedup_md).read_text(), ""]
+    lines += ["## Charts", "",
+              "![Throughput vs concurrency](throughput_vs_concurrency.png) "
+              "([SVG](throughput_vs_concurrency.svg))", "",
+              "![Speedup heatmap](speedup_heatmap.png) ([SVG](speedup_heatmap.svg))", ""]
+    lines += ["## Environment", "", env_card, ""]
+    lines += ["## Command lines", ""]
+    for m in metas:
+        lines += [f"- `{m['config']}`: `{' '.join(m['argv'])}`"]
+    text = "\n".join(lines) + "\n"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(text)
+    return text
