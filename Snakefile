@@ -17,6 +17,17 @@ include: "rules/aggregate.smk"
 include: "rules/report.smk"
 
 
+# On a cluster (profiles/slurm) these run on the submitting host: tables, charts and the report are light, and
+# downloads need the network that compute nodes often lack.
+localrules:
+    all,
+    download_model,
+    aggregate_tables,
+    plot_charts,
+    write_findings,
+    report,
+
+
 rule all:
     default_target: True
     input:

@@ -12,8 +12,15 @@ rule bench_config:
         telemetry="results/runs/{cfg}/telemetry.csv",
     params:
         run=get_bench_params,
+    # The SLURM profile turns these into the config's job request; local runs ignore them.
     resources:
-        gpus=get_gpus,
+        gpu=get_gpus,
+        gpu_model=get_gpu_model,
+        runtime=get_runtime_min,
+        mem_mb=get_mem_mb,
+        cpus_per_task=get_slurm_setting("cpus_per_task"),
+        slurm_partition=get_slurm_setting("partition"),
+        slurm_account=get_slurm_setting("account"),
     log:
         "logs/bench/{cfg}.log",
     script:

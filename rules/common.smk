@@ -1,3 +1,4 @@
+import os
 import socket
 
 from snakemake.utils import validate
@@ -14,7 +15,11 @@ except ConfigError as err:
 validate(config, schema="../config/schema.yaml")
 
 SERVER_CONFIGS = sorted(config["server_configs"])
-HOST = config.get("host", {}).get("name") or socket.gethostname().split(".")[0]
+# Cluster jobs re-read this file on their own node; they inherit the submitting host's name through the environment
+# (sbatch --export=ALL), so every job names the host-check files alike.
+HOST = config.get("host", {}).get("name") or os.environ.setdefault(
+    "SERVESWEEP_HOST", socket.gethostname().split(".")[0]
+)
 BASELINE = config["baseline"]
 
 
@@ -50,6 +55,35 @@ def get_gpus(wildcards):
     """Accelerators one server of this config occupies (the SLURM profile asks for this many)."""
     entry = config["server_configs"][wildcards.cfg]
     return get_engine(entry["engine"]).world_size(entry.get("options", {}))
+
+
+def get_slurm_setting(key, unset=None):
+    """A resource function for the SLURM profile: the job's `slurm.per_config.<cfg>.<key>`, else `slurm.<key>`;
+    `unset` (the plugin then leaves the cluster's default) when neither is set."""
+
+    def setting(wildcards):
+        slurm = config.get("slurm", {})
+        return slurm.get("per_config", {}).get(wildcards.get("cfg"), {}).get(key, slurm.get(key, unset))
+
+    return setting
+
+
+def get_mem_mb(wildcards):
+    """A job's memory request: `slurm.mem_mb`; 0 when unset, so that no `--mem` is passed and the cluster's default
+    applies instead of Snakemake's own 1000 MB default for cluster jobs."""
+    return get_slurm_setting("mem_mb", unset=0)(wildcards)
+
+
+def get_runtime_min(wildcards, attempt):
+    """A job's SLURM time limit: `slurm.runtime_min`, times the attempt, so a retry after a time-out gets longer."""
+    minutes = get_slurm_setting("runtime_min")(wildcards)
+    return minutes * attempt if minutes else None
+
+
+def get_gpu_model(wildcards):
+    """`slurm.gpu_model` for a job that uses GPUs (the plugin then asks for `--gpus=<model>:<n>`)."""
+    gpus = get_gpus(wildcards) if wildcards.get("cfg") else get_env_needs()["max_gpus"]
+    return get_slurm_setting("gpu_model")(wildcards) if gpus else None
 
 
 def get_engines_used():

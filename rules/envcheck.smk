@@ -3,6 +3,11 @@ rule prepare_engine:
         facts="resources/engines/{engine}.json",
     params:
         settings=lambda wc: config.get("engines", {}).get(wc.engine, {}),
+    # Built or checked on a compute node: it must match the nodes the servers run on.
+    resources:
+        mem_mb=get_mem_mb,
+        slurm_partition=get_slurm_setting("partition"),
+        slurm_account=get_slurm_setting("account"),
     log:
         "logs/engines/{engine}.log",
     script:
@@ -18,6 +23,13 @@ rule check_env:
         card=report(f"results/env/{HOST}.md", category="Environment"),
     params:
         needs=get_env_needs(),
+    # On a cluster the check runs where the configs will: same partition, as many GPUs as the largest config.
+    resources:
+        gpu=get_env_needs()["max_gpus"],
+        gpu_model=get_gpu_model,
+        mem_mb=get_mem_mb,
+        slurm_partition=get_slurm_setting("partition"),
+        slurm_account=get_slurm_setting("account"),
     log:
         f"logs/envcheck/{HOST}.log",
     script:

@@ -26,7 +26,7 @@ from servesweep.config import Matrix, ServerConfig
 from servesweep.engines import get_engine
 from servesweep.lifecycle import ServerProcess, free_port, wait_until_ready
 from servesweep.loadgen import LoadSpec, PromptFactory, corpus_text, run_load
-from servesweep.telemetry import Telemetry
+from servesweep.telemetry import Telemetry, energy_per_token
 
 NON_AVERAGED = {"config", "engine", "ctx", "concurrency", "repeats", "cell_start", "cell_end", "requests", "errors"}
 
@@ -170,6 +170,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 row.update(client)
                 row.update(engine.cell_metrics(events, metrics_before, metrics_after, records))
                 row.update(tele)
+                row.update(energy_per_token(row))
                 repeats.append(row)
                 print(f"[{sc.name}] ctx={ctx} C={conc} rep={rep}: {row.get('agg_output_tok_s', math.nan):.1f} tok/s, "
                       f"{row['errors']} errors", file=log, flush=True)
@@ -193,6 +194,7 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
         "config": cfg_name, "engine": sc.engine, "engine_version": engine_facts.get("version"),
         "engine_facts": engine_facts, "argv": spec.argv, "env": spec.env, "port": port,
         "model": sc.model_name, "model_path": manifest["path"],
+        "model_architecture": sc.model.get("architecture") or {},
         "model_sha256": (manifest.get("files") or [{}])[0].get("sha256") if len(manifest.get("files") or []) == 1
         else None, "model_manifest_files": len(manifest.get("files") or []), "load_format": manifest.get("load_format"),
         "labels": sc.labels, "options": sc.options, "host": socket.gethostname(), "platform": platform.platform(),

@@ -106,6 +106,10 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
     if baseline is not None and baseline not in configs:
         problems.append(("baseline", f"'{baseline}' is not a server config",
                          f"name one of: {', '.join(sorted(configs)) or '(none defined)'}"))
+    for name in config.get("slurm", {}).get("per_config", {}):
+        if name not in configs:
+            problems.append((f"slurm.per_config.{name}", "is not a server config",
+                             f"name one of: {', '.join(sorted(configs)) or '(none defined)'}"))
     for name, sc in configs.items():
         model = sc.get("model")
         if model not in models:

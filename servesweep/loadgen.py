@@ -174,7 +174,9 @@ async def run_load(spec: LoadSpec) -> tuple[list[dict], dict]:
     Returns (measured request records, client self-check figures).
     """
     timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s)
-    connector = aiohttp.TCPConnector(limit=spec.concurrency + 4, force_close=False)
+    # A fresh connection per request: servers close idle keep-alive sockets (llama.cpp does), and a reused
+    # stale socket would surface as a spurious "server disconnected" error.
+    connector = aiohttp.TCPConnector(limit=spec.concurrency + 4, force_close=True)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         if spec.warmup_prompts:
             await asyncio.gather(*(stream_one(session, spec, p, -1 - i) for i, p in enumerate(spec.warmup_prompts)))

@@ -14,6 +14,8 @@ import pandas as pd
 THROUGHPUT_DROP_FRACTION = 0.05
 # Client event-loop lag (p99) above this means the client, not the server, may have set the pace.
 CLIENT_LAG_P99_MS = 20.0
+# A config "pays" against the baseline only when it is at least this much faster: smaller gaps are run-to-run noise.
+PAY_MARGIN = 0.03
 
 
 def _fmt(x, spec=".1f") -> str:
@@ -27,24 +29,29 @@ def best_per_cell(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def speculative_findings(speedup: pd.DataFrame, baseline: str) -> list[str]:
-    """Per non-baseline config: where it beats the baseline and the concurrency from which it stops paying."""
+    """Per non-baseline config and context: where it beats the baseline and from which concurrency on it stops."""
     lines = []
     for cfg, grp in speedup[speedup["config"] != baseline].groupby("config"):
         for ctx, g in grp.sort_values("concurrency").groupby("ctx"):
-            wins = g[g["speedup"] > 1.0]
-            losses = g[g["speedup"] <= 1.0]
             series = ", ".join(f"C={int(r.concurrency)}: {r.speedup:.2f}×" for r in g.itertuples())
-            if losses.empty:
-                verdict = "pays at every concurrency measured"
-            elif wins.empty:
-                verdict = "never beats the baseline"
-            else:
-                first_loss = int(losses["concurrency"].min())
-                verdict = (f"pays up to C={int(wins[wins['concurrency'] < first_loss]['concurrency'].max())}"
-                           if not wins[wins['concurrency'] < first_loss].empty else "does not pay at low concurrency")
-                verdict += f" and stops paying at C={first_loss}"
-            lines.append(f"- `{cfg}` at {ctx} prompt tokens {verdict} ({series}).")
+            lines.append(f"- `{cfg}` at {ctx} prompt tokens {pays_verdict(g)} ({series}).")
     return lines
+
+
+def pays_verdict(g: pd.DataFrame) -> str:
+    """Words for a speedup series ordered by concurrency (speedup > 1 + PAY_MARGIN means the config pays)."""
+    conc = [int(c) for c in g["concurrency"]]
+    wins = [s > 1.0 + PAY_MARGIN for s in g["speedup"]]
+    if all(wins):
+        return "pays at every concurrency measured"
+    if not any(wins):
+        return "never beats the baseline"
+    first_loss = wins.index(False)
+    if all(wins[:first_loss]) and not any(wins[first_loss:]):
+        return f"pays up to C={conc[first_loss - 1]} and stops paying from C={conc[first_loss]} on"
+    if not any(wins[:wins.index(True)]) and all(wins[wins.index(True):]):
+        return f"pays only from C={conc[wins.index(True)]} on"
+    return "pays at C=" + ", ".join(str(c) for c, w in zip(conc, wins) if w) + " only"
 
 
 def anomalies(cells: pd.DataFrame) -> list[str]:

@@ -1,12 +1,26 @@
-"""Host telemetry for one config job: per-cell windows over a background sampler.
+"""Host and GPU telemetry for one config job: a background sampler plus per-cell windows.
 
-Interface used by the bench job: ``start()``, ``cell_begin(cell_id)``, ``cell_end(cell_id) -> dict``, ``stop()``,
-``host_facts()``. Without an NVIDIA GPU it records CPU utilisation and RAPL package energy where readable.
+Interface used by the bench job: ``start()``, ``host_facts()``, ``cell_begin(cell_id)``, ``cell_end(cell_id) -> dict``
+and ``stop()``; ``energy_per_token(row)`` turns a finished cell row into J per output token and tokens per J.
+
+With NVIDIA GPUs (through NVML, ``pynvml``) a thread samples every GPU of the config at 10–20 Hz: instant power
+(``NVML_FI_DEV_POWER_INSTANT``), the 1-s average power (``nvmlDeviceGetPowerUsage``), the energy counter,
+utilisation, SM and memory clocks, temperature and memory used. Each cell also takes one GPM sample per GPU at its
+start and end (Hopper and newer) for SM, DRAM-bandwidth and tensor utilisation, SM occupancy and NVLink traffic.
+Cell energy is the energy counter's delta summed over the config's GPUs. A metric the GPU does not support is
+recorded as unsupported, with NVML's reason, and its value left empty — never zero.
+
+Without an NVIDIA GPU it records CPU utilisation and RAPL package energy where readable. The NVML module is
+injectable (``Telemetry(..., nvml=fake)``) so the sampler and the energy arithmetic are testable anywhere.
 """
 from __future__ import annotations
 
 import csv
+import math
+import statistics
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -14,6 +28,20 @@ import psutil
 from servesweep.clock import now
 
 RAPL_ROOT = Path("/sys/class/powercap")
+DEFAULT_INTERVAL_S = 0.05
+# NVML documents that two GPM samples must be more than 100 ms apart (the counters refresh internally).
+GPM_MIN_WINDOW_S = 0.1
+GPM_METRICS = {
+    "gpm_sm_util_pct": "NVML_GPM_METRIC_SM_UTIL",
+    "gpm_dram_bw_util_pct": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+    "gpm_tensor_util_pct": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    "gpm_sm_occupancy_pct": "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "gpm_nvlink_tx_mib_s": "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC",
+    "gpm_nvlink_rx_mib_s": "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC",
+}
+SAMPLE_FIELDS = ["t", "gpu", "power_instant_w", "power_avg_w", "energy_mj", "gpu_util_pct", "mem_util_pct",
+                 "sm_clock_mhz", "mem_clock_mhz", "temp_c", "mem_used_mib", "cpu_util_pct", "cpu_max_core_pct"]
+NO_GPU = "no NVIDIA GPU"
 
 
 def read_rapl_uj(root: Path = RAPL_ROOT) -> tuple[int | None, int | None, str]:
@@ -32,9 +60,62 @@ def read_rapl_uj(root: Path = RAPL_ROOT) -> tuple[int | None, int | None, str]:
     return (total, wrap, "") if found else (None, None, "no RAPL power-capping zones on this host")
 
 
+def load_nvml():
+    """``(pynvml, "")`` initialised, or ``(None, reason)`` when there is no usable NVIDIA driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() == 0:
+            return None, NO_GPU
+    except Exception as exc:  # ImportError, or NVMLError when the library or driver is missing
+        return None, f"{NO_GPU} (NVML: {exc})"
+    return pynvml, ""
+
+
+def memory_bandwidth_bytes_s(bus_width_bits: int, max_mem_clock_mhz: int) -> float:
+    """Peak DRAM bandwidth: bus width × max memory clock × 2 (double data rate), in bytes/s."""
+    return bus_width_bits / 8 * max_mem_clock_mhz * 1e6 * 2
+
+
+def energy_per_token(row: dict) -> dict:
+    """J per output token and output tokens per J for a finished cell row (GPU counter energy, and RAPL if any)."""
+    tokens = row.get("output_tokens")
+    out: dict = {}
+    if not tokens or not isinstance(tokens, (int, float)) or tokens <= 0:
+        return out
+    for prefix in ("gpu", "cpu"):
+        joules = row.get(f"{prefix}_energy_j")
+        if isinstance(joules, (int, float)) and not math.isnan(joules) and joules > 0:
+            out[f"{prefix}_j_per_output_token"] = joules / tokens
+            out[f"output_tokens_per_{prefix}_j"] = tokens / joules
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+@dataclass
+class _Gpu:
+    """One GPU of the config: its NVML handle, fixed facts and which metrics it does not support (with why)."""
+
+    index: int
+    handle: object
+    name: str = ""
+    power_limit_w: float = math.nan
+    unsupported: dict[str, str] = field(default_factory=dict)
+    gpm_reason: str = ""
+    gpm_samples: list = field(default_factory=list)
+
+
 class Telemetry:
-    def __init__(self, gpu_indices: list[int], samples_path: Path | None = None, interval_s: float = 0.1):
-        self.gpu_indices = gpu_indices
+    """Samples the config's GPUs (or the host's CPU when there is none) and summarises each cell's window."""
+
+    def __init__(self, gpu_indices: list[int], samples_path: Path | None = None,
+                 interval_s: float = DEFAULT_INTERVAL_S, nvml=None):
+        """``nvml``: an initialised NVML module (``pynvml`` or a fake); by default pynvml is loaded if usable."""
+        self.gpu_indices = list(gpu_indices)
         self.samples_path = samples_path
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -42,48 +123,301 @@ class Telemetry:
         self._samples: list[dict] = []
         self._cells: dict[str, dict] = {}
         self._lock = threading.Lock()
+        self._gpus: list[_Gpu] = []
+        self.nvml_reason = ""
+        if not self.gpu_indices:
+            self.nvml = None
+            self.nvml_reason = "this config uses no GPU"
+        elif nvml is not None:
+            self.nvml = nvml
+        else:
+            self.nvml, self.nvml_reason = load_nvml()
+        if self.nvml is not None:
+            self._gpus = [self._open_gpu(i) for i in self.gpu_indices]
+
+    # --- set-up ------------------------------------------------------------------------------------------------
+    def _open_gpu(self, index: int) -> _Gpu:
+        nv = self.nvml
+        gpu = _Gpu(index, nv.nvmlDeviceGetHandleByIndex(index))
+        name = nv.nvmlDeviceGetName(gpu.handle)
+        gpu.name = name.decode() if isinstance(name, bytes) else str(name)
+        limit = self._query(gpu, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, gpu.handle)
+        gpu.power_limit_w = limit / 1000 if limit is not None else math.nan
+        try:
+            if nv.nvmlGpmQueryDeviceSupport(gpu.handle).isSupportedDevice:
+                gpu.gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+            else:
+                gpu.gpm_reason = "GPM not supported on this device (needs Hopper or newer)"
+        except nv.NVMLError as exc:
+            gpu.gpm_reason = f"GPM not supported: {exc}"
+        return gpu
+
+    def _query(self, gpu: _Gpu, metric: str, fn, *args):
+        """One NVML call; a permanent failure marks the metric unsupported (with why) so it is not asked again."""
+        if metric in gpu.unsupported:
+            return None
+        nv = self.nvml
+        try:
+            return fn(*args)
+        except nv.NVMLError as exc:
+            permanent = {getattr(nv, n, None) for n in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION",
+                                                         "NVML_ERROR_FUNCTION_NOT_FOUND")}
+            if getattr(exc, "value", None) in permanent:
+                gpu.unsupported[metric] = str(exc)
+            return None
+
+    def _instant_power_mw(self, gpu: _Gpu) -> float | None:
+        nv = self.nvml
+        if "power_instant" in gpu.unsupported:
+            return None
+        values = self._query(gpu, "power_instant", nv.nvmlDeviceGetFieldValues, gpu.handle,
+                             [(nv.NVML_FI_DEV_POWER_INSTANT, nv.NVML_POWER_SCOPE_GPU)])
+        if values is None:
+            return None
+        value = values[0]
+        if value.nvmlReturn != 0:
+            gpu.unsupported["power_instant"] = str(nv.nvmlErrorString(value.nvmlReturn))
+            return None
+        return value.value.uiVal
+
+    def _energy_mj(self, gpu: _Gpu) -> float | None:
+        return self._query(gpu, "energy", self.nvml.nvmlDeviceGetTotalEnergyConsumption, gpu.handle)
 
     def host_facts(self) -> dict:
-        return {"gpu": "no NVIDIA GPU", "cpu_count": psutil.cpu_count(), "rapl": read_rapl_uj()[2] or "readable"}
+        """What the host offers: GPU names, enforced power limits, memory bandwidth and GPM support; or why none."""
+        facts = {"cpu_count": psutil.cpu_count(), "rapl": read_rapl_uj()[2] or "readable",
+                 "sample_interval_s": self.interval_s}
+        if self.nvml is None:
+            facts["gpu"] = NO_GPU
+            facts["gpu_note"] = self.nvml_reason
+            return facts
+        nv = self.nvml
+        facts["gpu"] = "nvml"
+        facts["driver"] = _text(self._call(nv.nvmlSystemGetDriverVersion))
+        gpus = []
+        for gpu in self._gpus:
+            bus = self._query(gpu, "bus_width", nv.nvmlDeviceGetMemoryBusWidth, gpu.handle)
+            mem_clock = self._query(gpu, "max_mem_clock", nv.nvmlDeviceGetMaxClockInfo, gpu.handle, nv.NVML_CLOCK_MEM)
+            gpus.append({
+                "index": gpu.index, "name": gpu.name, "power_limit_w": gpu.power_limit_w,
+                "memory_bus_width_bits": bus, "max_memory_clock_mhz": mem_clock,
+                "memory_bandwidth_gb_s": memory_bandwidth_bytes_s(bus, mem_clock) / 1e9 if bus and mem_clock else None,
+                "gpm": "supported" if gpu.gpm_samples else gpu.gpm_reason,
+            })
+        facts["gpus"] = gpus
+        return facts
 
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError as exc:
+            return f"unavailable: {exc}"
+
+    # --- sampling ----------------------------------------------------------------------------------------------
     def start(self) -> None:
-        psutil.cpu_percent(None)
+        """Start the background sampler (one thread for all GPUs and the CPU)."""
+        psutil.cpu_percent(None, percpu=True)
         self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            sample = {"t": now(), "gpu": -1, "cpu_util_pct": psutil.cpu_percent(None)}
+        # A fixed schedule (not sleep-after-work) keeps the rate at 1/interval however long a sample takes.
+        t_next = time.monotonic()
+        while True:
+            t_next += self.interval_s
+            if self._stop.wait(max(0.0, t_next - time.monotonic())):
+                return
+            rows = self.sample()
             with self._lock:
-                self._samples.append(sample)
+                self._samples.extend(rows)
 
+    def sample(self) -> list[dict]:
+        """One reading of every GPU plus the CPU, as telemetry.csv rows (``gpu`` -1 is the CPU row)."""
+        cores = psutil.cpu_percent(None, percpu=True)
+        rows = [{"t": now(), "gpu": -1, "cpu_util_pct": _mean(cores), "cpu_max_core_pct": max(cores, default=None)}]
+        nv = self.nvml
+        for gpu in self._gpus:
+            h = gpu.handle
+            instant = self._instant_power_mw(gpu)
+            average = self._query(gpu, "power_avg", nv.nvmlDeviceGetPowerUsage, h)
+            energy = self._energy_mj(gpu)
+            util = self._query(gpu, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
+            mem = self._query(gpu, "memory", nv.nvmlDeviceGetMemoryInfo, h)
+            rows.append({
+                "t": now(), "gpu": gpu.index,
+                "power_instant_w": instant / 1000 if instant is not None else None,
+                "power_avg_w": average / 1000 if average is not None else None,
+                "energy_mj": energy,
+                "gpu_util_pct": util.gpu if util is not None else None,
+                "mem_util_pct": util.memory if util is not None else None,
+                "sm_clock_mhz": self._query(gpu, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+                "mem_clock_mhz": self._query(gpu, "mem_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
+                "temp_c": self._query(gpu, "temperature", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                "mem_used_mib": mem.used / 2**20 if mem is not None else None,
+            })
+        return rows
+
+    # --- cells -------------------------------------------------------------------------------------------------
     def cell_begin(self, cell_id: str) -> None:
+        """Mark a cell's start: energy counters, RAPL and the first GPM sample of each GPU."""
         energy, wrap, _ = read_rapl_uj()
-        self._cells[cell_id] = {"t0": now(), "rapl0": energy, "wrap": wrap}
+        state = {"t0": now(), "rapl0": energy, "wrap": wrap, "energy0": {}}
+        for gpu in self._gpus:
+            state["energy0"][gpu.index] = self._energy_mj(gpu)
+            if gpu.gpm_samples:
+                self._gpm_sample(gpu, 0)
+        self._cells[cell_id] = state
+
+    def _gpm_sample(self, gpu: _Gpu, slot: int) -> None:
+        try:
+            self.nvml.nvmlGpmSampleGet(gpu.handle, gpu.gpm_samples[slot])
+        except self.nvml.NVMLError as exc:
+            gpu.gpm_reason = f"GPM sample failed: {exc}"
+            gpu.gpm_samples = []
 
     def cell_end(self, cell_id: str) -> dict:
+        """Close a cell's window and return its telemetry columns (see docs/telemetry.md)."""
         begin = self._cells.pop(cell_id)
+        if self._gpus and now() - begin["t0"] < GPM_MIN_WINDOW_S:
+            time.sleep(GPM_MIN_WINDOW_S - (now() - begin["t0"]))
         t1 = now()
-        energy, _, why = read_rapl_uj()
+        energy1 = {gpu.index: self._energy_mj(gpu) for gpu in self._gpus}
+        for gpu in self._gpus:
+            if gpu.gpm_samples:
+                self._gpm_sample(gpu, 1)
+        rapl, _, why = read_rapl_uj()
         with self._lock:
-            cpu = [s["cpu_util_pct"] for s in self._samples if begin["t0"] <= s["t"] <= t1]
-        out = {"gpu_telemetry": "no NVIDIA GPU", "cpu_util_pct": sum(cpu) / len(cpu) if cpu else None}
-        if energy is not None and begin["rapl0"] is not None:
-            delta = energy - begin["rapl0"]
+            window = [s for s in self._samples if begin["t0"] <= s["t"] <= t1]
+        cpu = [s for s in window if s["gpu"] == -1]
+        out: dict = {"gpu_telemetry": "nvml" if self._gpus else NO_GPU,
+                     "cpu_util_pct": _mean([s["cpu_util_pct"] for s in cpu]),
+                     "cpu_max_core_pct": _mean([s["cpu_max_core_pct"] for s in cpu if s["cpu_max_core_pct"] is not None])}
+        if rapl is not None and begin["rapl0"] is not None:
+            delta = rapl - begin["rapl0"]
             if delta < 0:  # counter wrapped
                 delta += begin["wrap"]
             out["cpu_energy_j"] = delta / 1e6
         else:
             out["cpu_energy_note"] = why
+        if self._gpus:
+            out.update(self._gpu_cell(window, begin, energy1, t1 - begin["t0"]))
+        return out
+
+    def _gpu_cell(self, window: list[dict], begin: dict, energy1: dict, duration_s: float) -> dict:
+        per_gpu = []
+        for gpu in self._gpus:
+            rows = [s for s in window if s["gpu"] == gpu.index]
+            source = "instant" if "power_instant" not in gpu.unsupported else "1-s average"
+            key = "power_instant_w" if source == "instant" else "power_avg_w"
+            watts = [s[key] for s in rows if s[key] is not None]
+            mean_w = _mean(watts)
+            integrated = mean_w * duration_s
+            e0, e1 = begin["energy0"].get(gpu.index), energy1.get(gpu.index)
+            if e0 is not None and e1 is not None and e1 > e0:
+                energy, energy_source = (e1 - e0) / 1000, "counter"
+            elif "energy" in gpu.unsupported:
+                energy, energy_source = integrated, f"integrated power (energy counter: {gpu.unsupported['energy']})"
+            else:  # the counter did not advance within a very short window
+                energy, energy_source = integrated, "integrated power (energy counter did not advance)"
+            per_gpu.append({
+                "index": gpu.index, "energy_j": energy, "energy_source": energy_source, "integrated_j": integrated,
+                "mean_w": mean_w, "max_w": max(watts) if watts else math.nan, "limit_w": gpu.power_limit_w,
+                "source": source, "samples": len(rows),
+                "util": _mean([s["gpu_util_pct"] for s in rows if s["gpu_util_pct"] is not None]),
+                "mem_util": _mean([s["mem_util_pct"] for s in rows if s["mem_util_pct"] is not None]),
+                "sm_clock": _mean([s["sm_clock_mhz"] for s in rows if s["sm_clock_mhz"] is not None]),
+                "mem_clock": _mean([s["mem_clock_mhz"] for s in rows if s["mem_clock_mhz"] is not None]),
+                "temp_max": max((s["temp_c"] for s in rows if s["temp_c"] is not None), default=math.nan),
+                "mem_used_max": max((s["mem_used_mib"] for s in rows if s["mem_used_mib"] is not None),
+                                    default=math.nan),
+                "gpm": self._gpm_metrics(gpu),
+            })
+        limit = _mean([g["limit_w"] for g in per_gpu if not math.isnan(g["limit_w"])])
+        mean_w = _mean([g["mean_w"] for g in per_gpu if not math.isnan(g["mean_w"])])
+        max_w = max((g["max_w"] for g in per_gpu if not math.isnan(g["max_w"])), default=math.nan)
+        out = {
+            "gpu_count": len(per_gpu),
+            "gpu_energy_j": sum(g["energy_j"] for g in per_gpu),
+            "gpu_energy_source": "; ".join(sorted({g["energy_source"] for g in per_gpu})),
+            "gpu_energy_integrated_j": sum(g["integrated_j"] for g in per_gpu),
+            "gpu_power_mean_w": mean_w,
+            "gpu_power_max_w": max_w,
+            "gpu_power_limit_w": limit,
+            "gpu_power_mean_pct_limit": 100 * mean_w / limit if limit else math.nan,
+            "gpu_power_max_pct_limit": 100 * max_w / limit if limit else math.nan,
+            "gpu_power_source": "; ".join(sorted({g["source"] for g in per_gpu})),
+            "gpu_util_pct": _mean([g["util"] for g in per_gpu if not math.isnan(g["util"])]),
+            "gpu_mem_util_pct": _mean([g["mem_util"] for g in per_gpu if not math.isnan(g["mem_util"])]),
+            "gpu_sm_clock_mhz": _mean([g["sm_clock"] for g in per_gpu if not math.isnan(g["sm_clock"])]),
+            "gpu_mem_clock_mhz": _mean([g["mem_clock"] for g in per_gpu if not math.isnan(g["mem_clock"])]),
+            "gpu_temp_max_c": max((g["temp_max"] for g in per_gpu), default=math.nan),
+            "gpu_mem_used_max_mib": max((g["mem_used_max"] for g in per_gpu), default=math.nan),
+            "gpu_sample_hz": _mean([g["samples"] / duration_s for g in per_gpu]) if duration_s > 0 else math.nan,
+        }
+        unsupported = []
+        for column in GPM_METRICS:
+            values = [g["gpm"][column] for g in per_gpu if isinstance(g["gpm"][column], float)]
+            reasons = sorted({g["gpm"][column] for g in per_gpu if isinstance(g["gpm"][column], str)})
+            out[column] = _mean(values) if values and not reasons else math.nan
+            if reasons:
+                unsupported.append(f"{column}: {'; '.join(reasons)}")
+        out["gpm_unsupported"] = " | ".join(unsupported)
+        other = sorted({f"{m}: {why}" for g in self._gpus for m, why in g.unsupported.items()})
+        out["nvml_unsupported"] = " | ".join(other)
+        if len(per_gpu) > 1:
+            for g in per_gpu:
+                out[f"gpu{g['index']}_energy_j"] = g["energy_j"]
+                out[f"gpu{g['index']}_power_mean_w"] = g["mean_w"]
+                out[f"gpu{g['index']}_power_max_w"] = g["max_w"]
+                out[f"gpu{g['index']}_util_pct"] = g["util"]
+        return out
+
+    def _gpm_metrics(self, gpu: _Gpu) -> dict:
+        """Column -> value (float) or the reason it is unsupported (str) from the cell's two GPM samples."""
+        if not gpu.gpm_samples:
+            return {column: gpu.gpm_reason for column in GPM_METRICS}
+        nv = self.nvml
+        request = nv.c_nvmlGpmMetricsGet_t()
+        request.version = nv.NVML_GPM_METRICS_GET_VERSION
+        request.sample1, request.sample2 = gpu.gpm_samples
+        ids = [getattr(nv, name) for name in GPM_METRICS.values()]
+        request.numMetrics = len(ids)
+        for i, metric_id in enumerate(ids):
+            request.metrics[i].metricId = metric_id
+        try:
+            nv.nvmlGpmMetricsGet(request)
+        except nv.NVMLError as exc:
+            return {column: f"GPM metrics failed: {exc}" for column in GPM_METRICS}
+        out = {}
+        for i, column in enumerate(GPM_METRICS):
+            metric = request.metrics[i]
+            out[column] = (float(metric.value) if metric.nvmlReturn == 0
+                           else f"unsupported: {_text(nv.nvmlErrorString(metric.nvmlReturn))}")
         return out
 
     def stop(self) -> None:
+        """Stop the sampler, free GPM samples and write telemetry.csv (if a path was given)."""
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
+        for gpu in self._gpus:
+            for sample in gpu.gpm_samples:
+                self._call(self.nvml.nvmlGpmSampleFree, sample)
+            gpu.gpm_samples = []
         if self.samples_path:
             self.samples_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.samples_path, "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=["t", "gpu", "cpu_util_pct"])
+                w = csv.DictWriter(fh, fieldnames=SAMPLE_FIELDS)
                 w.writeheader()
-                w.writerows(self._samples)
+                with self._lock:
+                    w.writerows(self._samples)
+
+    @property
+    def samples(self) -> list[dict]:
+        """A copy of the samples taken so far."""
+        with self._lock:
+            return list(self._samples)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

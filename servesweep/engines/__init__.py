@@ -8,19 +8,11 @@ _ENGINES: dict[str, Engine] = {}
 
 def _load() -> None:
     from servesweep.engines.llamacpp import LlamaCppEngine
+    from servesweep.engines.sglang import SGLangEngine
+    from servesweep.engines.vllm import VLLMEngine
 
-    for cls in (LlamaCppEngine,):
+    for cls in (LlamaCppEngine, SGLangEngine, VLLMEngine):
         _ENGINES[cls.name] = cls()
-    try:
-        from servesweep.engines.sglang import SGLangEngine
-        _ENGINES[SGLangEngine.name] = SGLangEngine()
-    except ImportError:
-        pass
-    try:
-        from servesweep.engines.vllm import VLLMEngine
-        _ENGINES[VLLMEngine.name] = VLLMEngine()
-    except ImportError:
-        pass
 
 
 def get_engine(name: str) -> Engine:

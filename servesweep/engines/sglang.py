@@ -1,0 +1,546 @@
+"""SGLang (``python -m sglang.launch_server``): argv, refusals, readiness, identity, log parser, per-cell metrics.
+
+Flag spellings, log line forms and endpoints follow SGLang's own sources (``server_args.py``,
+``scheduler_metrics_mixin.py``, ``model_runner.py``, ``http_server.py``) and a real 0.5.17 run kept in
+``tests/data/sglang-0.5.17-h200/``.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import math
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from servesweep import promtext
+from servesweep.engines.base import Engine, LaunchSpec, LogEvent
+
+DEFAULT_VERSION = "0.5.17"
+# From this version on, ``--cuda-graph-max-bs`` is gone and argparse rejects it as an ambiguous prefix of
+# ``--cuda-graph-max-bs-decode`` / ``--cuda-graph-max-bs-prefill``; the legacy disable switches went with it.
+PER_PHASE_GRAPH_FLAGS_FROM = (0, 5, 23)
+SPEC_ALGORITHMS = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DDTREE"}
+DRAFT_MODEL_REQUIRED = {"EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "DDTREE"}
+DFLASH_FAMILY = {"DFLASH", "DDTREE"}
+DFLASH_DEFAULT_MAX_RUNNING = 48
+
+# structured option -> (flag, kind). kind: value | flag (switch when true) | special (handled in build_argv)
+OPTIONS = {
+    "tp": ("--tp-size", "value"),
+    "pp": ("--pp-size", "value"),
+    "ep": ("--ep-size", "value"),
+    "dp": ("--dp-size", "value"),
+    "enable_dp_attention": ("--enable-dp-attention", "flag"),
+    "moe_a2a_backend": ("--moe-a2a-backend", "value"),
+    "moe_runner_backend": ("--moe-runner-backend", "value"),
+    "speculative_algorithm": ("--speculative-algorithm", "special"),
+    "ddtree_budget": ("--speculative-ddtree-budget", "value"),
+    "speculative_draft_model": ("--speculative-draft-model-path", "value"),
+    "speculative_num_steps": ("--speculative-num-steps", "value"),
+    "speculative_eagle_topk": ("--speculative-eagle-topk", "value"),
+    "speculative_num_draft_tokens": ("--speculative-num-draft-tokens", "value"),
+    "speculative_dflash_block_size": ("--speculative-dflash-block-size", "value"),
+    "cuda_graph": ("", "special"),
+    "cuda_graph_max_bs": ("", "special"),
+    "nvls": ("--enable-nccl-nvls", "flag"),
+    "skip_server_warmup": ("--skip-server-warmup", "flag"),
+    "mem_fraction_static": ("--mem-fraction-static", "value"),
+    "context_length": ("--context-length", "value"),
+    "max_running_requests": ("--max-running-requests", "value"),
+    "trust_remote_code": ("--trust-remote-code", "flag"),
+    "disable_piecewise_cuda_graph": ("", "special"),
+}
+POSITIVE_INT_OPTIONS = ("tp", "pp", "ep", "dp", "ddtree_budget", "speculative_num_steps", "speculative_eagle_topk",
+                        "speculative_num_draft_tokens", "speculative_dflash_block_size", "cuda_graph_max_bs",
+                        "context_length", "max_running_requests")
+BOOL_OPTIONS = ("enable_dp_attention", "cuda_graph", "nvls", "skip_server_warmup", "trust_remote_code",
+                "disable_piecewise_cuda_graph")
+A2A_BACKENDS = {"none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe", "deepep_v2",
+                "pplx", "ascend_tp"}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """(0, 5, 23) from '0.5.23', '0.5.23.post1' or '0.5.23rc0'."""
+    return tuple(int(re.match(r"\d+", p).group()) for p in str(version).split(".")[:3] if re.match(r"\d+", p))
+
+
+def flag_version(settings: dict, prepared: dict | None = None) -> str:
+    """The SGLang version whose flag spellings to use: ``engines.sglang.version``, else the located one."""
+    return str(settings.get("version") or (prepared or {}).get("version") or DEFAULT_VERSION)
+
+
+def _spec(opts: dict) -> str | None:
+    algo = opts.get("speculative_algorithm")
+    return str(algo).upper() if algo else None
+
+
+def world_size_of(opts: dict) -> int:
+    """GPUs one SGLang server occupies: tp × pp (EP and DP attention live inside the TP group), × dp without it."""
+    tp, pp, dp = int(opts.get("tp", 1)), int(opts.get("pp", 1)), int(opts.get("dp", 1))
+    return tp * pp * (1 if opts.get("enable_dp_attention") else dp)
+
+
+def build_argv(opts: dict, version: str) -> list[str]:
+    """The flags for the structured options, in the spelling ``version`` accepts (no model, host or port)."""
+    per_phase = version_tuple(version) >= PER_PHASE_GRAPH_FLAGS_FROM
+    argv: list[str] = []
+    for key, value in opts.items():
+        flag, kind = OPTIONS[key]
+        if kind == "flag":
+            if value:
+                argv.append(flag)
+        elif kind == "value":
+            argv += [flag, str(value)]
+        elif key == "speculative_algorithm":
+            argv += [flag, str(value).upper()]
+        elif key == "cuda_graph" and value is False:
+            argv += (["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+                     if per_phase else ["--disable-cuda-graph"])
+        elif key == "cuda_graph_max_bs":
+            argv += ["--cuda-graph-max-bs-decode" if per_phase else "--cuda-graph-max-bs", str(value)]
+        elif key == "disable_piecewise_cuda_graph" and value:
+            argv += ["--cuda-graph-backend-prefill", "disabled"] if per_phase else ["--disable-piecewise-cuda-graph"]
+    return argv
+
+
+def flag_problems(argv: list[str], accepted: set[str]) -> list[str]:
+    """Flags in ``argv`` that a parser accepting ``accepted`` rejects: unknown, or an ambiguous prefix.
+
+    Mirrors argparse: an exact option string wins; otherwise a unique prefix is taken and several are an error.
+    """
+    problems = []
+    for token in argv:
+        if not token.startswith("--"):
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in accepted:
+            continue
+        matches = sorted(o for o in accepted if o.startswith(flag))
+        if not matches:
+            problems.append(f"unknown flag {flag}")
+        elif len(matches) > 1:
+            problems.append(f"ambiguous flag {flag} (could match {', '.join(matches)})")
+    return problems
+
+
+def installed_sglang_flags() -> tuple[str, set[str]] | None:
+    """(version, every option string) from the installed SGLang's own argument parser; None when not importable."""
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    import argparse
+
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except Exception:  # an install that cannot import on this host (no CUDA, broken deps) cannot be asked
+        return None
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return importlib.metadata.version("sglang"), {s for s in parser._option_string_actions if s.startswith("--")}
+
+
+# --- log parsing ---------------------------------------------------------------------------------------------
+_PREFIX = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})((?: [A-Z_]+-?\d+)*)\] ?(.*)$")
+_CAPTURE = re.compile(r"^Capture (?:(target|draft) )?(?:(decode|prefill|verify|extend) )?cuda graph (begin|end)\b[.,]?\s*(.*)$",
+                      re.I)
+_NUM = r"(-?[0-9.]+)"
+_KEY_NAMES = {
+    "running_req": "running_req", "token": "token", "token_usage": "token_usage", "full_token": "full_token",
+    "full_token_usage": "full_token_usage", "swa_token": "swa_token", "swa_token_usage": "swa_token_usage",
+    "mamba_num": "mamba_num", "mamba_usage": "mamba_usage", "accept_len": "accept_len",
+    "accept_rate": "accept_rate", "cuda_graph": "graph", "cpu_graph": "graph", "npu_graph": "graph",
+    "gen_throughput_token_s": "gen_throughput", "queue_req": "queue_req",
+    "input_throughput_token_s": "input_throughput", "new_seq": "new_seq", "new_token": "new_token",
+    "cached_token": "cached_token", "pending_token": "pending_token",
+}
+_FAILURES = (
+    ("capture_failed", re.compile(r"Capture cuda graph failed", re.I)),
+    ("illegal_memory_access", re.compile(r"illegal memory access", re.I)),
+    ("out_of_memory", re.compile(r"out of memory|OutOfMemoryError", re.I)),
+)
+
+
+def _key(raw: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", raw.strip().lstrip("#").lower()).strip("_")
+
+
+def _value(raw: str):
+    raw = raw.strip()
+    if raw in ("True", "False"):
+        return raw == "True"
+    try:
+        return int(raw)
+    except ValueError:
+        try:
+            return float(raw)
+        except ValueError:
+            return raw
+
+
+def parse_batch_fields(body: str) -> dict:
+    """``key: value`` pairs of a Decode/Prefill batch line, by key name, in either era's order."""
+    out = {}
+    for part in body.split(", "):
+        if ": " not in part:
+            continue
+        k, v = part.split(": ", 1)
+        key = _key(k)
+        out[_KEY_NAMES.get(key, key)] = _value(v.rstrip(", "))
+    return out
+
+
+def _kv_numbers(text: str) -> dict:
+    """``name=1.23 GB`` / ``name: 1.23 GB`` pairs with GB/s units folded into the key."""
+    out = {}
+    for m in re.finditer(r"([A-Za-z_# ][A-Za-z_ #]*?)\s*[=:]\s*" + _NUM + r"\s*(GB|s)?\b", text):
+        key = _key(m.group(1))
+        if not key:
+            continue
+        unit = {"GB": "_gb", "s": "_s"}.get(m.group(3) or "", "")
+        out[key + unit] = _value(m.group(2))
+    return out
+
+
+def _list(text: str, name: str) -> list[int] | None:
+    m = re.search(rf"\b{name}=\[([0-9, ]*)\]", text)
+    return [int(x) for x in m.group(1).split(",") if x.strip()] if m else None
+
+
+def _classify(msg: str) -> tuple[str, dict] | None:
+    if msg.startswith("Decode batch"):
+        return "decode", parse_batch_fields(msg[len("Decode batch"):].lstrip(" ,."))
+    if msg.startswith("Prefill batch"):
+        return "prefill", parse_batch_fields(msg[len("Prefill batch"):].lstrip(" ,."))
+    m = _CAPTURE.match(msg)
+    if m:
+        role, phase, edge, rest = m.groups()
+        fields = {"phase": f"{(role or 'target').lower()} {(phase or 'decode').lower()}"}
+        fields.update(_kv_numbers(rest))
+        if "time_elapsed_s" in fields:
+            fields["elapsed_s"] = fields.pop("time_elapsed_s")
+        for name in ("bs", "num_tokens"):
+            sizes = _list(rest, name)
+            if sizes is not None:
+                fields[name] = sizes
+        backend = re.search(r"backend=(\w+)", rest)
+        if backend:
+            fields["backend"] = backend.group(1)
+        return f"graph_capture_{edge.lower()}", fields
+    if msg.startswith("KV Cache is allocated"):
+        fields = _kv_numbers(msg.split(".", 1)[1])
+        dtype = re.search(r"dtype: (\S+?),", msg)
+        if dtype:
+            fields["dtype"] = dtype.group(1)
+        return "kv_cache", fields
+    if msg.startswith("Load weight end") or msg.startswith("Load weight begin"):
+        return ("weights_loaded" if "end" in msg[:16] else "weights_begin"), _kv_numbers(msg.split(".", 1)[1])
+    if msg.startswith("Memory pool end"):
+        return "memory_pool", _kv_numbers(msg)
+    if msg.startswith("max_total_num_tokens="):
+        return "memory", _kv_numbers(msg)
+    if msg.startswith("The server is fired up and ready to roll"):
+        return "ready", {}
+    if "Max running requests is reset to" in msg:
+        return "max_running_reset", {"max_running_requests": int(re.search(r"reset to (\d+)", msg).group(1))}
+    if msg.startswith("DFLASH draft runner ready") or msg.startswith("Initialized DDTree worker"):
+        return "spec_worker", {"line": msg.strip()[:300], **_kv_numbers(msg)}
+    return None
+
+
+def parse_sglang_log(text: str) -> list[LogEvent]:
+    """Events of an SGLang server log (both log eras).
+
+    ``t`` is the ``[YYYY-mm-dd HH:MM:SS ...]`` prefix in local time; continuation lines (tracebacks, progress
+    bars) inherit the last prefixed time so they stay in their cell's window. Batch lines are kept from one
+    scheduler rank only (all rank indices 0); identical (time, message) lines from several ranks count once.
+    """
+    events: list[LogEvent] = []
+    seen: set[tuple] = set()
+    last_t: float | None = None
+    for i, line in enumerate(text.splitlines()):
+        m = _PREFIX.match(line)
+        if m:
+            last_t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+            rank, msg = m.group(2).strip(), m.group(3)
+        else:
+            rank, msg = "", line.strip()
+        if not msg or msg.startswith("server_args="):
+            continue
+        found = _classify(msg) if m else None
+        if found is None:
+            kind = next((k for k, rx in _FAILURES if rx.search(msg)), None)
+            if kind is None:
+                continue
+            found = ("failure", {"failure": kind, "line": msg[:300], "t_inherited": m is None})
+        kind, fields = found
+        if kind in ("decode", "prefill") and any(int(d) for d in re.findall(r"\d+", rank)):
+            continue
+        dedup = (last_t, kind, msg)
+        if dedup in seen:
+            continue
+        seen.add(dedup)
+        events.append(LogEvent(kind, last_t, fields, i, rank))
+    return events
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+class SGLangEngine(Engine):
+    name = "sglang"
+
+    # --- configuration -----------------------------------------------------------------------------------
+    def config_problems(self, name, sc, model, config):
+        key = f"server_configs.{name}.options"
+        opts = sc.get("options", {})
+        problems = []
+        for k in opts:
+            if k not in OPTIONS:
+                problems.append((f"{key}.{k}", "is not an SGLang option servesweep knows",
+                                 f"use one of {sorted(OPTIONS)}, or pass the flag through extra_args"))
+        for k in POSITIVE_INT_OPTIONS:
+            if k in opts and (isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < 1):
+                problems.append((f"{key}.{k}", f"must be a positive integer, got {opts[k]!r}", "give a whole number ≥ 1"))
+        for k in BOOL_OPTIONS:
+            if k in opts and not isinstance(opts[k], bool):
+                problems.append((f"{key}.{k}", f"must be true or false, got {opts[k]!r}", "write true or false"))
+        if "mem_fraction_static" in opts and not (isinstance(opts["mem_fraction_static"], (int, float))
+                                                  and 0 < opts["mem_fraction_static"] < 1):
+            problems.append((f"{key}.mem_fraction_static", f"must be between 0 and 1, got {opts['mem_fraction_static']!r}",
+                             "give a fraction such as 0.85"))
+        if problems:
+            return problems  # the combination checks below assume well-typed values
+        spec = _spec(opts)
+        tp, pp, ep = int(opts.get("tp", 1)), int(opts.get("pp", 1)), int(opts.get("ep", 1))
+        if spec and spec not in SPEC_ALGORITHMS:
+            problems.append((f"{key}.speculative_algorithm", f"unknown algorithm {spec!r}",
+                             f"use one of {sorted(SPEC_ALGORITHMS)}"))
+        if pp > 1 and spec:
+            problems.append((f"{key}.pp", f"pipeline parallelism (pp {pp}) cannot run speculative decoding ({spec}); "
+                             "SGLang asserts 'Pipeline parallelism is not compatible with overlap schedule, "
+                             "speculative decoding'", "set pp: 1, or remove speculative_algorithm from this config"))
+        if spec in DFLASH_FAMILY:
+            if opts.get("enable_dp_attention"):
+                problems.append((f"{key}.enable_dp_attention", f"{spec} does not support DP attention",
+                                 "remove enable_dp_attention from this config"))
+            if "speculative_draft_model" not in opts:
+                problems.append((f"{key}.speculative_draft_model", f"{spec} needs a DFlash draft model",
+                                 "set speculative_draft_model to the drafter's path or Hugging Face repo"))
+            block, draft = opts.get("speculative_dflash_block_size"), opts.get("speculative_num_draft_tokens")
+            if block and draft and block != draft:
+                problems.append((f"{key}.speculative_dflash_block_size",
+                                 f"block size {block} differs from speculative_num_draft_tokens {draft}; SGLang "
+                                 "requires them equal for DFLASH", "set only one of the two"))
+        elif spec in DRAFT_MODEL_REQUIRED and "speculative_draft_model" not in opts:
+            problems.append((f"{key}.speculative_draft_model", f"{spec} needs a draft model",
+                             "set speculative_draft_model"))
+        if "ddtree_budget" in opts and spec != "DDTREE":
+            problems.append((f"{key}.ddtree_budget", "only applies to speculative_algorithm DDTREE",
+                             "set speculative_algorithm: DDTREE or remove ddtree_budget"))
+        if tp % ep:
+            problems.append((f"{key}.ep", f"ep {ep} does not divide tp {tp}; EP lives inside the TP group",
+                             f"use an ep that divides {tp} (e.g. {tp} or {tp // 2 if tp > 1 else 1})"))
+        a2a = opts.get("moe_a2a_backend")
+        if a2a is not None and a2a not in A2A_BACKENDS:
+            problems.append((f"{key}.moe_a2a_backend", f"unknown backend {a2a!r}", f"use one of {sorted(A2A_BACKENDS)}"))
+        elif a2a not in (None, "none") and ep != tp:
+            problems.append((f"{key}.moe_a2a_backend", f"all-to-all backend {a2a!r} forces ep = tp, but ep is {ep} "
+                             f"and tp is {tp}", "use moe_a2a_backend: none for hybrid EP (ep < tp), or set ep = tp"))
+        host_gpus = config.get("host", {}).get("gpus")
+        world = world_size_of(opts)
+        if host_gpus is not None and world > host_gpus:
+            problems.append((key, f"needs {world} GPUs (tp {tp} × pp {pp}"
+                             f"{'' if opts.get('enable_dp_attention') else ' × dp ' + str(opts.get('dp', 1))}) but "
+                             f"host.gpus is {host_gpus}", "lower tp/pp/dp or run on a host with more GPUs"))
+        if not problems:
+            problems += self._parser_problems(key, sc, config)
+        return problems
+
+    def _parser_problems(self, key: str, sc: dict, config: dict) -> list[tuple[str, str, str]]:
+        """Unknown or ambiguous flags by the installed SGLang's own parser (only where SGLang imports)."""
+        installed = installed_sglang_flags()
+        if installed is None:
+            return []
+        version, accepted = installed
+        settings = config.get("engines", {}).get(self.name, {})
+        argv = build_argv(sc.get("options", {}), flag_version(settings, {"version": version}))
+        argv += [str(a) for a in sc.get("extra_args", [])]
+        return [(key, f"installed SGLang {version} rejects it: {p}",
+                 "set engines.sglang.version to the installed version, or fix extra_args")
+                for p in flag_problems(argv, accepted)]
+
+    def config_warnings(self, name, sc, model, config):
+        opts = sc.get("options", {})
+        if _spec(opts) in DFLASH_FAMILY and "max_running_requests" not in opts:
+            return [f"config '{name}': {_spec(opts)} without max_running_requests — SGLang silently caps running "
+                    f"requests at {DFLASH_DEFAULT_MAX_RUNNING} ('Max running requests is reset to 48 for speculative "
+                    "decoding'); cells above C=48 queue. Set options.max_running_requests."]
+        return []
+
+    def world_size(self, options):
+        return world_size_of(options)
+
+    # --- preparation and launch --------------------------------------------------------------------------
+    def prepare(self, settings, log):
+        python = settings.get("python") or sys.executable
+        if Path(python).resolve() == Path(sys.executable).resolve():
+            try:
+                version = importlib.metadata.version("sglang")
+            except importlib.metadata.PackageNotFoundError:
+                raise RuntimeError("config key `engines.sglang.python`: SGLang is not installed in this Python "
+                                   f"({sys.executable}) — fix: point engines.sglang.python at the interpreter of "
+                                   "the environment that has SGLang") from None
+        else:
+            out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+                                 capture_output=True, text=True, timeout=120)
+            if out.returncode != 0:
+                raise RuntimeError(f"config key `engines.sglang.python`: {python} cannot report an SGLang version "
+                                   f"({out.stderr.strip()[-300:]}) — fix: name a Python with SGLang installed")
+            version = out.stdout.strip()
+        wanted = settings.get("version")
+        if wanted and version_tuple(wanted) != version_tuple(version):
+            print(f"note: engines.sglang.version is {wanted} but {python} has SGLang {version}; flag spellings "
+                  f"follow {wanted}", file=log, flush=True)
+        return {"engine": self.name, "python": python, "version": version, "flag_version": flag_version(
+            settings, {"version": version})}
+
+    def launch(self, sc, model_path, port, prepared):
+        argv = [prepared["python"], "-m", "sglang.launch_server", "--model-path", str(model_path),
+                "--served-model-name", sc.served_name, "--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
+        if sc.model.get("tokenizer"):
+            argv += ["--tokenizer-path", str(sc.model["tokenizer"])]
+        if sc.model.get("load_format") == "dummy":
+            argv += ["--load-format", "dummy"]
+        argv += build_argv(sc.options, prepared.get("flag_version") or flag_version(sc.engine_settings, prepared))
+        argv += sc.extra_args
+        return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
+
+    # --- readiness and identity --------------------------------------------------------------------------
+    async def identity(self, session, base_url, sc):
+        info = None
+        for path in ("/server_info", "/get_server_info"):
+            async with session.get(base_url + path) as resp:
+                if resp.status == 200:
+                    info = await resp.json(content_type=None)
+                    break
+        if info is None:
+            return {}, ["neither /server_info nor /get_server_info answered"]
+        return server_identity(info, sc.options, sc.served_name)
+
+    async def tokenize(self, session, base_url, text):
+        payload = {"prompt": text, "add_special_tokens": False}
+        async with session.post(base_url + "/tokenize", json=payload) as resp:
+            resp.raise_for_status()
+            return (await resp.json(content_type=None))["tokens"]
+
+    async def flush_cache(self, session, base_url):
+        # 400 while requests are still running or queued; the bench calls this between cells.
+        async with session.post(base_url + "/flush_cache") as resp:
+            return resp.status == 200
+
+    def request_fields(self, sc):
+        return {"ignore_eos": True}
+
+    # --- logs and metrics --------------------------------------------------------------------------------
+    def parse_log(self, text):
+        return parse_sglang_log(text)
+
+    def startup_phases(self, events):
+        out: dict = {"graph_capture": {}}
+        begins = {}
+        for e in events:
+            if e.kind == "weights_loaded":
+                out["load_weights_s"] = e.fields.get("elapsed_s")
+                out["weights_gb"] = e.fields.get("mem_usage_gb")
+            elif e.kind == "kv_cache":
+                out["kv_cache_tokens"] = e.fields.get("tokens")
+            elif e.kind == "memory":
+                out["max_running_requests"] = e.fields.get("max_running_requests")
+                out["max_total_num_tokens"] = e.fields.get("max_total_num_tokens")
+            elif e.kind == "max_running_reset":
+                out["max_running_requests_reset_to"] = e.fields["max_running_requests"]
+            elif e.kind == "graph_capture_begin":
+                begins[e.fields["phase"]] = e
+            elif e.kind == "graph_capture_end":
+                phase = e.fields["phase"]
+                elapsed = e.fields.get("elapsed_s")
+                if elapsed is None and phase in begins and e.t is not None and begins[phase].t is not None:
+                    elapsed = e.t - begins[phase].t
+                out["graph_capture"][phase] = {"s": elapsed, "mem_gb": e.fields.get("mem_usage_gb"),
+                                               "backend": begins.get(phase, e).fields.get("backend")}
+            elif e.kind == "ready" and "ready_at" not in out:
+                out["ready_at"] = e.t
+        out["graph_capture_unfinished"] = [p for p in begins if p not in out["graph_capture"]]
+        return out
+
+    def cell_metrics(self, events, metrics_before, metrics_after, requests):
+        decode = [e for e in events if e.kind == "decode"]
+        batches = decode + [e for e in events if e.kind == "prefill"]
+        with_graph = [e for e in decode if "graph" in e.fields]
+        out = {
+            "decode_log_lines": len(decode),
+            "cuda_graph_coverage": (sum(1 for e in with_graph if e.fields["graph"]) / len(with_graph)
+                                    if with_graph else math.nan),
+            "max_running_req": max((e.fields.get("running_req", 0) for e in batches), default=math.nan),
+            "max_queue_req": max((e.fields.get("queue_req", 0) for e in batches), default=math.nan),
+            "log_gen_throughput_mean": _mean([e.fields["gen_throughput"] for e in decode
+                                              if "gen_throughput" in e.fields]),
+        }
+        verify = [(r.get("completion_tokens"), r.get("spec_verify_ct", (r.get("meta_info") or {}).get("spec_verify_ct")))
+                  for r in requests if not r.get("error")]
+        verify = [(c, v) for c, v in verify if c and v]
+        accept_lines = [e.fields["accept_len"] for e in decode if "accept_len" in e.fields]
+        if verify:
+            out["accept_length"] = sum(c for c, _ in verify) / sum(v for _, v in verify)
+            out["accept_length_source"] = "requests"
+        elif accept_lines:
+            out["accept_length"] = _mean(accept_lines)
+            out["accept_length_source"] = "log"
+        rates = [e.fields["accept_rate"] for e in decode if "accept_rate" in e.fields]
+        if rates:
+            out["accept_rate"] = _mean(rates)
+        d = promtext.delta(metrics_before, metrics_after)
+        passes = promtext.by_label(d, "sglang:cuda_graph_passes_total", "mode")
+        for mode, n in sorted(passes.items()):
+            out[f"graph_passes_{mode}"] = n
+        graph, eager = passes.get("decode_cuda_graph"), passes.get("decode_none")
+        if graph is not None and eager is not None and graph + eager > 0:
+            out["cuda_graph_pass_coverage_decode"] = graph / (graph + eager)
+        failures = [e for e in events if e.kind == "failure"]
+        out["failures"] = len(failures)
+        if failures:
+            out["failure_kinds"] = ";".join(sorted({e.fields["failure"] for e in failures}))
+        return out
+
+
+def server_identity(info: dict, options: dict, served_name: str) -> tuple[dict, list[str]]:
+    """(facts, mismatches) from a /server_info body against the structured options of a config."""
+    facts = {k: info.get(k) for k in ("version", "tp_size", "pp_size", "ep_size", "dp_size", "enable_dp_attention",
+                                      "moe_a2a_backend", "speculative_algorithm", "speculative_num_draft_tokens",
+                                      "speculative_draft_model_path", "served_model_name", "enable_nccl_nvls")}
+    states = info.get("internal_states") or [{}]
+    facts["effective_max_running_requests"] = states[0].get("effective_max_running_requests_per_dp",
+                                                            info.get("max_running_requests"))
+    problems = []
+    for key, field in (("tp", "tp_size"), ("pp", "pp_size"), ("ep", "ep_size"), ("dp", "dp_size")):
+        want = int(options.get(key, 1))
+        if field in info and info[field] != want:
+            problems.append(f"server runs {field}={info[field]}, config asks for {key} {want}")
+    want_spec = _spec(options)
+    have_spec = str(info.get("speculative_algorithm") or "").upper() or None
+    # NEXTN is an alias that SGLang resolves to EAGLE before it reports its arguments.
+    if {want_spec, have_spec} != {"NEXTN", "EAGLE"} and want_spec != have_spec:
+        problems.append(f"server runs speculative_algorithm={have_spec}, config asks for {want_spec}")
+    for key, field in (("speculative_num_draft_tokens", "speculative_num_draft_tokens"),
+                       ("moe_a2a_backend", "moe_a2a_backend")):
+        if key in options and field in info and info[field] != options[key]:
+            problems.append(f"server runs {field}={info[field]}, config asks for {options[key]}")
+    if info.get("served_model_name") not in (None, served_name):
+        problems.append(f"server serves '{info.get('served_model_name')}', expected '{served_name}'")
+    return facts, problems

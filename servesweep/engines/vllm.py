@@ -1,0 +1,159 @@
+"""vLLM (``vllm serve``): argv, refusals, readiness, per-cell speculative metrics from differenced /metrics."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import re
+import shutil
+import subprocess
+import time
+
+from servesweep import promtext
+from servesweep.engines.base import Engine, LaunchSpec, LogEvent
+
+# structured option -> (flag, kind). kind: value | flag (switch when true) | json
+OPTIONS = {
+    "tp": ("--tensor-parallel-size", "value"),
+    "pp": ("--pipeline-parallel-size", "value"),
+    "dp": ("--data-parallel-size", "value"),
+    "enable_expert_parallel": ("--enable-expert-parallel", "flag"),
+    "speculative_config": ("--speculative-config", "json"),
+    "gpu_memory_utilization": ("--gpu-memory-utilization", "value"),
+    "max_model_len": ("--max-model-len", "value"),
+    "max_num_seqs": ("--max-num-seqs", "value"),
+    "enforce_eager": ("--enforce-eager", "flag"),
+    "trust_remote_code": ("--trust-remote-code", "flag"),
+}
+POSITIVE_INT_OPTIONS = ("tp", "pp", "dp", "max_model_len", "max_num_seqs")
+
+# "INFO 11-29 13:57:14 [loggers.py:123] Engine 000: Avg prompt throughput: …, Running: 3 reqs, Waiting: 0 reqs, …"
+_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG) (\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.\d+)? (.*)$")
+_STATS = re.compile(r"Running: (\d+) reqs, Waiting: (\d+) reqs")
+_FAILURES = (
+    ("illegal_memory_access", re.compile(r"illegal memory access", re.I)),
+    ("out_of_memory", re.compile(r"out of memory|OutOfMemoryError", re.I)),
+    ("capture_failed", re.compile(r"CUDA graph capture failed|capturing cuda graph failed", re.I)),
+)
+
+
+def world_size_of(opts: dict) -> int:
+    """GPUs one vLLM server occupies: tp × pp × dp (expert parallelism reuses the tp × dp ranks)."""
+    return int(opts.get("tp", 1)) * int(opts.get("pp", 1)) * int(opts.get("dp", 1))
+
+
+def build_argv(opts: dict) -> list[str]:
+    """Flags for the structured options (no model, host or port)."""
+    argv: list[str] = []
+    for key, value in opts.items():
+        flag, kind = OPTIONS[key]
+        if kind == "flag":
+            if value:
+                argv.append(flag)
+        elif kind == "json":
+            argv += [flag, json.dumps(value, sort_keys=True)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _local_epoch(stamp: str) -> float:
+    # vLLM's prefix has no year; the log is read in the year it was written.
+    return time.mktime(time.strptime(f"{time.localtime().tm_year}-{stamp}", "%Y-%m-%d %H:%M:%S"))
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+
+    def config_problems(self, name, sc, model, config):
+        key = f"server_configs.{name}.options"
+        opts = sc.get("options", {})
+        problems = []
+        for k in opts:
+            if k not in OPTIONS:
+                problems.append((f"{key}.{k}", "is not a vLLM option servesweep knows",
+                                 f"use one of {sorted(OPTIONS)}, or pass the flag through extra_args"))
+        for k in POSITIVE_INT_OPTIONS:
+            if k in opts and (isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < 1):
+                problems.append((f"{key}.{k}", f"must be a positive integer, got {opts[k]!r}", "give a whole number ≥ 1"))
+        spec = opts.get("speculative_config")
+        if spec is not None and not (isinstance(spec, dict) and spec.get("method")):
+            problems.append((f"{key}.speculative_config", "must be a mapping with at least `method`",
+                             "e.g. {method: eagle3, model: <draft>, num_speculative_tokens: 3}"))
+        if problems:
+            return problems
+        if spec and int(opts.get("pp", 1)) > 1:
+            problems.append((f"{key}.pp", "vLLM does not run speculative decoding with pipeline parallelism",
+                             "set pp: 1, or remove speculative_config"))
+        host_gpus = config.get("host", {}).get("gpus")
+        world = world_size_of(opts)
+        if host_gpus is not None and world > host_gpus:
+            problems.append((key, f"needs {world} GPUs (tp × pp × dp) but host.gpus is {host_gpus}",
+                             "lower tp/pp/dp or run on a host with more GPUs"))
+        return problems
+
+    def world_size(self, options):
+        return world_size_of(options)
+
+    def prepare(self, settings, log):
+        executable = settings.get("executable") or shutil.which("vllm")
+        if not executable:
+            raise RuntimeError("config key `engines.vllm.executable`: no `vllm` on PATH — fix: install vLLM or set "
+                               "engines.vllm.executable to its `vllm` command")
+        try:
+            version = importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=300)
+            version = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
+        return {"engine": self.name, "executable": executable, "version": version}
+
+    def launch(self, sc, model_path, port, prepared):
+        argv = [prepared["executable"], "serve", str(model_path), "--served-model-name", sc.served_name,
+                "--host", "127.0.0.1", "--port", str(port)]
+        if sc.model.get("tokenizer"):
+            argv += ["--tokenizer", str(sc.model["tokenizer"])]
+        if sc.model.get("load_format") == "dummy":
+            argv += ["--load-format", "dummy"]
+        argv += build_argv(sc.options) + sc.extra_args
+        return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
+
+    async def tokenize(self, session, base_url, text):
+        async with session.post(base_url + "/tokenize", json={"prompt": text, "add_special_tokens": False}) as resp:
+            resp.raise_for_status()
+            return (await resp.json(content_type=None))["tokens"]
+
+    def parse_log(self, text):
+        events = []
+        last_t = None
+        for i, line in enumerate(text.splitlines()):
+            m = _PREFIX.match(line)
+            if m:
+                last_t = _local_epoch(m.group(1))
+            msg = m.group(2) if m else line.strip()
+            stats = _STATS.search(msg) if m else None
+            if stats:
+                events.append(LogEvent("stats", last_t, {"running_req": int(stats.group(1)),
+                                                         "queue_req": int(stats.group(2))}, i))
+                continue
+            kind = next((k for k, rx in _FAILURES if rx.search(msg)), None)
+            if kind:
+                events.append(LogEvent("failure", last_t, {"failure": kind, "line": msg[:300]}, i))
+        return events
+
+    def cell_metrics(self, events, metrics_before, metrics_after, requests):
+        d = promtext.delta(metrics_before, metrics_after)
+        stats = [e for e in events if e.kind == "stats"]
+        failures = [e for e in events if e.kind == "failure"]
+        out = {"max_running_req": max((e.fields["running_req"] for e in stats), default=math.nan),
+               "max_queue_req": max((e.fields["queue_req"] for e in stats), default=math.nan),
+               "failures": len(failures)}
+        drafts = promtext.total(d, "vllm:spec_decode_num_drafts_total")
+        accepted = promtext.total(d, "vllm:spec_decode_num_accepted_tokens_total")
+        draft_tokens = promtext.total(d, "vllm:spec_decode_num_draft_tokens_total")
+        if drafts:
+            out["spec_drafts"] = drafts
+            out["accept_length"] = 1 + (accepted or 0) / drafts
+            out["accept_length_source"] = "metrics"
+            if draft_tokens:
+                out["accept_rate"] = (accepted or 0) / draft_tokens
+        return out

@@ -1,0 +1,137 @@
+"""Every config-validation error names the key and the fix."""
+import pytest
+
+from servesweep.config import ConfigError, Matrix, ServerConfig, check_config
+
+
+def problems_of(config):
+    with pytest.raises(ConfigError) as info:
+        check_config(config)
+    return info.value.problems, str(info.value)
+
+
+def test_default_config_is_valid(default_config):
+    config = check_config(default_config)
+    assert config["baseline"] == "ar"
+    assert config["matrix"]["requests_per_cell"] == {"per_concurrency": 2, "min": 4}
+
+
+def test_missing_top_level_key(default_config):
+    del default_config["matrix"]
+    problems, text = problems_of(default_config)
+    assert problems[0][0] == "matrix" and "missing" in problems[0][1]
+    assert "config key `matrix`" in text and "fix:" in text
+
+
+def test_unknown_key_is_named(default_config):
+    default_config["server_configs"]["ar"]["optoins"] = {}
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "server_configs.ar"
+    assert "optoins" in problems[0][1]
+
+
+def test_unknown_engine(default_config):
+    default_config["server_configs"]["ar"]["engine"] = "tgi"
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "server_configs.ar.engine"
+    assert "llamacpp" in problems[0][2]
+
+
+def test_wrong_type(default_config):
+    default_config["matrix"]["output_tokens"] = "many"
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "matrix.output_tokens"
+
+
+def test_number_out_of_range(default_config):
+    default_config["matrix"]["concurrencies"] = [0, 2]
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "matrix.concurrencies[0]"
+
+
+def test_baseline_must_exist(default_config):
+    default_config["baseline"] = "nope"
+    problems, _ = problems_of(default_config)
+    assert problems == [("baseline", "'nope' is not a server config", "name one of: ar, ar-np1, ngram")]
+
+
+def test_model_must_exist(default_config):
+    default_config["server_configs"]["ngram"]["model"] = "gemma"
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "server_configs.ngram.model"
+    assert "models.gemma" in problems[0][2]
+
+
+def test_config_name_must_be_wildcard_safe(default_config):
+    default_config["server_configs"]["tp 8/x"] = default_config["server_configs"]["ar"]
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "server_configs.tp 8/x"
+
+
+def test_duplicate_matrix_values(default_config):
+    default_config["matrix"]["context_lengths"] = [128, 128]
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "matrix.context_lengths"
+
+
+def test_bad_env_name(default_config):
+    default_config["server_configs"]["ar"]["env"] = {"1BAD": "x"}
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "server_configs.ar.env.1BAD"
+
+
+def test_bad_sha256(default_config):
+    default_config["models"]["gemma-3-270m"]["sha256"] = "abc"
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "models.gemma-3-270m.sha256"
+
+
+def test_two_sources_refused(default_config):
+    default_config["models"]["gemma-3-270m"]["source"]["local"] = "/x.gguf"
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "models.gemma-3-270m.source"
+
+
+def test_llamacpp_unknown_option(default_config):
+    default_config["server_configs"]["ar"]["options"]["paralel"] = 4
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "server_configs.ar.options.paralel"
+    assert "extra_args" in problems[0][2]
+
+
+def test_llamacpp_unknown_spec_type(default_config):
+    default_config["server_configs"]["ngram"]["options"]["spec_type"] = "ngram-fancy"
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "server_configs.ngram.options.spec_type"
+
+
+def test_llamacpp_ctx_too_small_for_matrix(default_config):
+    default_config["server_configs"]["ar"]["options"]["ctx_size"] = 1024  # 4 slots x 256 < 512 + 64
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "server_configs.ar.options.ctx_size"
+    assert "at least" in problems[0][2]
+
+
+def test_llamacpp_needs_gguf(default_config):
+    default_config["models"]["gemma-3-270m"]["format"] = "hf"
+    problems, _ = problems_of(default_config)
+    assert any(p[0] == "models.gemma-3-270m.format" for p in problems)
+
+
+def test_all_problems_reported_at_once(default_config):
+    default_config["baseline"] = "nope"
+    default_config["server_configs"]["ngram"]["model"] = "gemma"
+    problems, _ = problems_of(default_config)
+    assert {p[0] for p in problems} == {"baseline", "server_configs.ngram.model"}
+
+
+def test_matrix_requests_per_cell():
+    m = Matrix(context_lengths=[128], concurrencies=[1, 4, 64], output_tokens=8, per_concurrency=2, min_requests=4)
+    assert [m.requests_for(c) for c in m.concurrencies] == [4, 8, 128]
+    assert m.cells() == [(128, 1), (128, 4), (128, 64)]
+
+
+def test_server_config_view(default_config):
+    sc = ServerConfig.from_config("ngram", check_config(default_config))
+    assert sc.engine == "llamacpp" and sc.options["spec_type"] == "ngram-simple"
+    assert sc.served_name == "gemma-3-270m"

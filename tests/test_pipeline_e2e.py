@@ -1,0 +1,121 @@
+"""The whole pipeline on the embedded default's engine (real llama-server, real tokens) with a tiny matrix,
+then the incremental-rerun contract checked on the dry-run plan."""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SKIP_DIRS = {"results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__"}
+
+
+def copy_tree(dest: Path) -> Path:
+    """The working tree without generated folders: what a fresh clone plus local edits looks like."""
+    for item in ROOT.iterdir():
+        if item.name in SKIP_DIRS or item.name.endswith(".egg-info"):
+            continue
+        if item.is_dir():
+            shutil.copytree(item, dest / item.name, ignore=shutil.ignore_patterns(*SKIP_DIRS))
+        else:
+            shutil.copy2(item, dest / item.name)
+    return dest
+
+
+def tiny_config() -> dict:
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["server_configs"] = {name: config["server_configs"][name] for name in ("ar", "ngram")}
+    for sc in config["server_configs"].values():
+        sc["options"].update(parallel=2, ctx_size=1024)
+    config["matrix"] = {"context_lengths": [32], "concurrencies": [1, 2], "output_tokens": 8,
+                        "requests_per_cell": {"per_concurrency": 1, "min": 2}, "warmup_requests": 1, "repeats": 1}
+    return config
+
+
+def snakemake(workdir: Path, *args, check=True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "--configfile", "tiny.yaml", *args],
+                          cwd=workdir, capture_output=True, text=True, timeout=1800)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def planned_jobs(output: str) -> list[tuple[str, str]]:
+    """(rule, wildcards) for every job a dry run plans."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule )", output):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if m:
+            wc = re.search(r"wildcards: (.*)", block)
+            jobs.append((m.group(1), wc.group(1).strip() if wc else ""))
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    wd = copy_tree(tmp_path_factory.mktemp("pipeline"))
+    (wd / "tiny.yaml").write_text(yaml.safe_dump(tiny_config()))
+    return wd
+
+
+def test_fresh_checkout_plans_the_dag(workdir):
+    out = snakemake(workdir, "-n", "report").stdout
+    rules = [r for r, _ in planned_jobs(out)]
+    assert rules.count("bench_config") == 2
+    for rule in ("download_model", "prepare_engine", "check_env", "aggregate_tables", "plot_charts",
+                 "write_findings"):
+        assert rule in rules
+
+
+def test_pipeline_end_to_end(workdir):
+    snakemake(workdir, "report")
+    findings = (workdir / "results/report/FINDINGS.md").read_text()
+    assert "## Findings" in findings and "Best configuration per cell" in findings
+    for name in ("throughput_vs_concurrency", "speedup_heatmap"):
+        assert (workdir / f"results/report/{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert "<svg" in (workdir / f"results/report/{name}.svg").read_text()[:500]
+    cells = pd.read_csv(workdir / "results/tables/cells.csv")
+    assert len(cells) == 4 and (cells["errors"] == 0).all()
+    assert (cells["agg_output_tok_s"] > 0).all()
+    assert (cells["prompt_tokens_per_request"] - 32).abs().max() <= 1
+    for cfg in ("ar", "ngram"):
+        run = workdir / "results/runs" / cfg
+        meta = json.loads((run / "meta.json").read_text())
+        assert meta["status"] == "ok" and meta["model_sha256"].startswith("a5fd3b62")
+        assert "llama-server" in meta["argv"][0] and meta["ready_s"] > 0
+        records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+        assert all(r["completion_tokens"] == 8 and len(r["chunks"]) >= 1 for r in records)
+        assert "llama" in (run / "server.log").read_text().lower()
+    speedup = pd.read_csv(workdir / "results/tables/speedup.csv")
+    assert set(speedup["config"]) == {"ar", "ngram"}
+    assert (speedup[speedup["config"] == "ar"]["speedup"] == 1.0).all()
+    leftover = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True).stdout.split()
+    assert not leftover, "a server outlived its job"
+
+
+def test_nothing_to_do_after_a_complete_run(workdir):
+    out = snakemake(workdir, "-n", "report").stdout
+    assert planned_jobs(out) == []
+
+
+def test_editing_a_script_does_not_rebenchmark(workdir):
+    script = workdir / "scripts" / "bench_config.py"
+    script.write_text(script.read_text() + "\n# edited\n")
+    out = snakemake(workdir, "-n", "report").stdout
+    assert not [j for j in planned_jobs(out) if j[0] == "bench_config"]
+
+
+def test_editing_one_config_reruns_only_that_config(workdir):
+    config = yaml.safe_load((workdir / "tiny.yaml").read_text())
+    config["server_configs"]["ngram"]["options"]["threads"] = 1
+    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
+    jobs = planned_jobs(snakemake(workdir, "-n", "report").stdout)
+    assert [j for j in jobs if j[0] == "bench_config"] == [("bench_config", "cfg=ngram")]
+    rules = {r for r, _ in jobs}
+    assert {"aggregate_tables", "plot_charts", "write_findings"} <= rules
+    assert not rules & {"download_model", "prepare_engine", "check_env"}
