@@ -6,7 +6,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded default applies only when no --configfile is given: a sweep file replaces it whole instead of being
+# merged into it (a merge would smuggle the default's server configs into every sweep).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"
@@ -14,6 +18,7 @@ include: "rules/download.smk"
 include: "rules/envcheck.smk"
 include: "rules/bench.smk"
 include: "rules/aggregate.smk"
+include: "rules/correctness.smk"
 include: "rules/report.smk"
 
 
@@ -23,6 +28,7 @@ localrules:
     all,
     download_model,
     aggregate_tables,
+    check_lossless,
     plot_charts,
     write_findings,
     report,

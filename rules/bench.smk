@@ -10,6 +10,8 @@ rule bench_config:
         meta="results/runs/{cfg}/meta.json",
         server_log="results/runs/{cfg}/server.log",
         telemetry="results/runs/{cfg}/telemetry.csv",
+        coding_eval="results/runs/{cfg}/coding_eval.json",
+        greedy="results/runs/{cfg}/greedy.jsonl",
     params:
         run=get_bench_params,
     # The SLURM profile turns these into the config's job request; local runs ignore them.

@@ -48,6 +48,7 @@ def get_bench_params(wildcards):
         "model": config["models"][entry["model"]],
         "engine_settings": config.get("engines", {}).get(entry["engine"], {}),
         "matrix": config["matrix"],
+        "correctness": config.get("correctness", {}),
     }
 
 

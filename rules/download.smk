@@ -1,3 +1,10 @@
+# HF_TOKEN is declared only when a model needs it: envvars fails when the variable is undefined.
+if any(config["models"][m]["source"].get("huggingface", {}).get("token_required") for m in get_models_used()):
+
+    envvars:
+        "HF_TOKEN",
+
+
 rule download_model:
     output:
         manifest="resources/models/{model}/manifest.json",

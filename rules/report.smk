@@ -26,6 +26,8 @@ rule write_findings:
         throughput="results/tables/throughput.md",
         speedup="results/tables/speedup.csv",
         speedup_md="results/tables/speedup.md",
+        correctness="results/tables/correctness.csv",
+        correctness_md="results/tables/correctness.md",
         meta=get_run_outputs("meta.json"),
         env=f"results/env/{HOST}.md",
         env_facts=f"results/env/{HOST}.json",

@@ -6,6 +6,7 @@ sys.stderr = open(snakemake.log[0], "w")
 from pathlib import Path
 
 from servesweep.bench import JobPaths, run_config
+from servesweep.correctness.job import CorrectnessOutputs
 
 run = snakemake.params.run
 cfg = snakemake.wildcards.cfg
@@ -14,9 +15,10 @@ config = {
     "models": {run["server_config"]["model"]: run["model"]},
     "engines": {run["server_config"]["engine"]: run["engine_settings"]},
     "matrix": run["matrix"],
+    "correctness": run["correctness"],
 }
 out = snakemake.output
 paths = JobPaths(Path(out.cells), Path(out.requests), Path(out.meta), Path(out.server_log), Path(out.telemetry),
                  attempt_dir=JobPaths.for_config(Path("results"), cfg).attempt_dir)
 run_config(cfg, config, json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)), paths,
-           log=sys.stderr)
+           log=sys.stderr, correctness_outputs=CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)))

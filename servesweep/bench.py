@@ -23,6 +23,7 @@ import aiohttp
 from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
+from servesweep.correctness.job import CorrectnessOutputs, run_correctness
 from servesweep.engines import get_engine
 from servesweep.lifecycle import ServerProcess, free_port, wait_until_ready
 from servesweep.loadgen import LoadSpec, PromptFactory, corpus_text, run_load
@@ -179,8 +180,13 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
             writer.add_cell(combined)
 
 
-def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths, log) -> dict:
-    """The whole job for one server config. Returns meta; raises after writing what was measured on failure."""
+def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths, log,
+               correctness_outputs: CorrectnessOutputs | None = None) -> dict:
+    """The whole job for one server config. Returns meta; raises after writing what was measured on failure.
+
+    With ``correctness_outputs``, the coding eval and the lossless check's greedy completions follow the matrix
+    while the server is still up.
+    """
     sc = ServerConfig.from_config(cfg_name, config)
     engine = get_engine(sc.engine)
     matrix = Matrix.from_config(config["matrix"])
@@ -214,6 +220,9 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
         meta["startup_phases"] = engine.startup_phases(engine.parse_log(server.log_path.read_text(errors="replace")))
         meta["first_cell_at"] = now()
         asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer, log))
+        if correctness_outputs is not None:
+            meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"), correctness_outputs,
+                                                  log)
         meta["status"] = "ok"
     except BaseException as exc:  # also KeyboardInterrupt from SIGTERM: record, tear down, re-raise
         error = exc

@@ -126,11 +126,13 @@ def hub_files(name: str, spec: dict, token: str | None) -> tuple[list[RemoteFile
     except RevisionNotFoundError:
         raise DownloadError(f"config key `{key}.revision`: {repo} has no revision '{revision}' — fix: give a branch, "
                             "tag or commit that exists") from None
-    except RepositoryNotFoundError as exc:
-        raise DownloadError(f"config key `{key}.repo`: {repo} not found or not visible without a token "
-                            f"({_status(exc)}) — fix: check the repo id; for a private repo export {TOKEN_ENV} and set "
-                            "`token_required: true`") from None
-    except HfHubHTTPError as exc:
+    except HfHubHTTPError as exc:  # RepositoryNotFoundError too: the Hub answers 401 for private and unknown repos
+        status = exc.response.status_code if getattr(exc, "response", None) is not None else None
+        if isinstance(exc, RepositoryNotFoundError) or status in (401, 403, 404):
+            raise DownloadError(f"config key `{key}.repo`: {repo}@{revision} not found or not visible "
+                                f"{'with' if token else 'without'} a token ({_status(exc)}) — fix: check the repo id "
+                                f"and revision; for a private or gated repo export {TOKEN_ENV} and set "
+                                "`token_required: true`") from None
         raise DownloadError(f"config key `{key}`: listing {repo}@{revision} failed ({_status(exc)}) — fix: check "
                             "HF_ENDPOINT and the network, then rerun") from None
     selected = list(filter_repo_objects(tree, allow_patterns=spec.get("include"),
@@ -314,17 +316,14 @@ class Aria2Daemon:
         if self.proc is None:
             return
         if self.proc.poll() is None:
+            # SIGTERM is aria2's graceful stop (control files of unfinished downloads are saved for the next try) and
+            # takes about 1 s, where the RPC shutdown call takes about 4 s.
+            self.proc.terminate()
             try:
-                # Graceful shutdown saves the control files of unfinished downloads for the next try.
-                self.api.client.shutdown()
-                self.proc.wait(timeout=10)
-            except Exception:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         if self.proc.stderr:
             self.proc.stderr.close()
 

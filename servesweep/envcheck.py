@@ -1,107 +1,522 @@
 """Per-host environment checks. Each check says ok / warn / fail / skipped, why, and the fix.
 
+Probing and judging are separate: :func:`gather_facts` asks the host (NVML, libcuda through ctypes, ``nvcc``, a
+subprocess in the engine's Python for torch / Triton / FlashInfer / flash_attn / SGLang / vLLM, ``llama-server``,
+the disk), and each ``check_*`` turns facts into a verdict, so tests can drive every branch with injected facts.
 A failing check that matters for the sweep's configs (``blocks``) stops the pipeline before any server starts.
+
+Run ``python3 -m servesweep.envcheck --card`` to print this host's card.
 """
 from __future__ import annotations
 
+import argparse
+import ctypes
+import json
 import os
 import platform
+import re
 import shutil
 import socket
+import subprocess
+import sys
 import sysconfig
 import time
 from pathlib import Path
 
+GPU_ENGINES = ("sglang", "vllm")  # engines that JIT-compile Triton / FlashInfer kernels on the GPU
+ALL_ENGINES = ("llamacpp", "sglang", "vllm")
+CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132  # cuda.h, CUdevice_attribute
+DISK_HEADROOM_BYTES = 20 * 10**9  # JIT caches, CUDA-graph dumps, logs and results beside the weights
+
 
 def check(name: str, status: str, detail: str, fix: str = "", blocks: bool = False, **facts) -> dict:
+    """One verdict. ``blocks`` holds only when the check failed and the sweep needs it."""
     return {"name": name, "status": status, "detail": detail, "fix": fix, "blocks": blocks and status == "fail",
             **({"facts": facts} if facts else {})}
 
 
-def check_python_headers(include_dir: str | None = None, needed: bool = False) -> dict:
-    """Python.h is what Triton's JIT compiles against."""
-    include_dir = include_dir or sysconfig.get_paths().get("include", "")
-    header = Path(include_dir) / "Python.h"
-    if header.exists():
+def _needs_gpu_stack(needs: dict) -> bool:
+    return int(needs.get("max_gpus", 0)) > 0 and any(e in GPU_ENGINES for e in needs.get("engines", []))
+
+
+def _bad(needed: bool) -> str:
+    return "fail" if needed else "warn"
+
+
+def _version_tuple(text: str | None) -> tuple[int, ...] | None:
+    match = re.match(r"(\d+)\.(\d+)", str(text or ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+# --- checks: facts in, verdict out ------------------------------------------------------------------------------------
+
+def check_python_headers(facts: dict, needs: dict) -> dict:
+    """Python.h is what Triton's JIT compiles its launcher against."""
+    header = Path(facts["python"]["include_dir"]) / "Python.h"
+    if facts["python"]["python_h"]:
         return check("python_headers", "ok", f"{header} present")
-    return check("python_headers", "fail" if needed else "warn", f"{header} missing",
-                 fix="apt-get install python3-dev (or the -dev package of this Python)", blocks=needed)
+    needed = _needs_gpu_stack(needs)
+    return check("python_headers", _bad(needed), f"{header} missing: Triton's JIT cannot compile its launcher",
+                 fix="apt-get install python3-dev (or the python3.X-dev package of this interpreter)", blocks=needed)
 
 
-def check_disk(path: Path, need_bytes: int) -> dict:
-    usage = shutil.disk_usage(path)
-    detail = f"{usage.free / 1e9:.1f} GB free at {path}, models need {need_bytes / 1e9:.2f} GB"
-    if usage.free < need_bytes:
-        return check("disk", "fail", detail, fix="free space or point resources/ at a larger disk", blocks=True)
+def check_gpus(facts: dict, needs: dict) -> dict:
+    """GPU inventory (name, SM arch, memory, power limit); fewer GPUs than a config needs blocks."""
+    max_gpus = int(needs.get("max_gpus", 0))
+    nvml = facts["nvml"]
+    if "error" in nvml:
+        return check("gpus", "fail" if max_gpus else "skipped", f"no NVIDIA GPU visible ({nvml['error']})",
+                     fix="run on a host with NVIDIA GPUs and the driver loaded" if max_gpus else "",
+                     blocks=bool(max_gpus), count=0)
+    gpus = nvml["gpus"]
+    kinds = sorted({f"{g['name']} (sm_{g['sm']}, {g['memory_gib']:.0f} GiB, {g['power_limit_w']:.0f} W)"
+                    for g in gpus})
+    detail = f"{len(gpus)} × " + ", ".join(kinds) + f"; driver {nvml['driver']}"
+    if len(gpus) < max_gpus:
+        return check("gpus", "fail", f"{detail}; a config needs {max_gpus}", fix="lower tp/pp/dp or run on a larger "
+                     "host", blocks=True, count=len(gpus), devices=gpus, driver=nvml["driver"])
+    return check("gpus", "ok", detail, count=len(gpus), devices=gpus, driver=nvml["driver"])
+
+
+def check_cuda_versions(facts: dict, needs: dict) -> dict:
+    """Driver's CUDA API version vs the toolkit (nvcc) and torch's CUDA: neither may be newer than the driver."""
+    driver = facts["cuda_driver"].get("version")
+    if not driver:
+        return check("cuda_versions", "skipped", f"no CUDA driver ({facts['cuda_driver'].get('error', 'absent')})")
+    nvcc = facts["nvcc"].get("version")
+    torch = facts["stack"].get("torch", {})
+    torch_cuda = torch.get("cuda")
+    needed = _needs_gpu_stack(needs)
+    parts = [f"driver API {driver}", f"nvcc {nvcc or '-'}", f"torch CUDA {torch_cuda or '-'}"]
+    problems, warnings = [], []
+    d = _version_tuple(driver)
+    for label, version in (("torch's CUDA", torch_cuda), ("the CUDA toolkit (nvcc)", nvcc)):
+        v = _version_tuple(version)
+        if v and v[0] > d[0]:
+            problems.append(f"{label} {version} is a newer major than the driver's {driver}")
+        elif v and v > d:
+            warnings.append(f"{label} {version} is newer than the driver's {driver} (PTX JIT may fail)")
+    n, t = _version_tuple(nvcc), _version_tuple(torch_cuda)
+    if n and t and n[0] != t[0]:
+        problems.append(f"nvcc {nvcc} and torch's CUDA {torch_cuda} differ in major version: JIT extensions "
+                        "(FlashInfer, sgl-kernel) refuse to build")
+    if needed and not nvcc:
+        warnings.append("no nvcc: FlashInfer kernels without a prebuilt cache cannot JIT-compile")
+    detail = ", ".join(parts)
+    if problems:
+        return check("cuda_versions", _bad(needed), detail + ": " + "; ".join(problems + warnings),
+                     fix="upgrade the NVIDIA driver, or install torch / the CUDA toolkit built for the driver's "
+                         "CUDA version (put its bin/ first on PATH or set CUDA_HOME)", blocks=needed)
+    if warnings:
+        return check("cuda_versions", "warn", detail + ": " + "; ".join(warnings),
+                     fix="match the toolkit and torch to the driver's CUDA version, or set CUDA_HOME")
+    return check("cuda_versions", "ok", detail)
+
+
+def check_triton(facts: dict, needs: dict) -> dict:
+    """A Triton JIT smoke compile where Triton and a GPU exist (what CUDA-graph capture does first)."""
+    stack = facts["stack"]
+    if "error" in stack.get("triton", {}):
+        return check("triton_jit", "skipped", f"Triton not importable in {stack.get('python')} "
+                     f"({stack['triton']['error']})")
+    if "error" in facts["nvml"]:
+        return check("triton_jit", "skipped", "no GPU to compile for")
+    smoke = stack.get("triton_smoke") or {}
+    if not smoke:
+        return check("triton_jit", "skipped", "torch sees no CUDA device, so no kernel can be launched")
+    version = stack["triton"].get("version")
+    if smoke.get("ok"):
+        return check("triton_jit", "ok", f"Triton {version}: a kernel compiled and ran ({smoke.get('seconds', 0):.1f} s)")
+    error = smoke.get("error", "")
+    needed = _needs_gpu_stack(needs)
+    fix = ("apt-get install python3-dev (Python.h is missing)" if "Python.h" in error else
+           "apt-get install build-essential (no C compiler for Triton's launcher)" if re.search(r"\bcc\b|gcc", error)
+           else "reinstall the Triton that matches torch (pip install -U torch triton) and clear ~/.triton/cache")
+    return check("triton_jit", _bad(needed), f"Triton {version}: smoke compile failed: {error[-300:]}", fix=fix,
+                 blocks=needed)
+
+
+def check_flashinfer(facts: dict, needs: dict) -> dict:
+    """FlashInfer importable and either prebuilt or able to JIT for this GPU's SM arch."""
+    stack = facts["stack"]
+    fi = stack.get("flashinfer", {})
+    needed = "sglang" in needs.get("engines", []) and int(needs.get("max_gpus", 0)) > 0
+    if "error" in facts["nvml"]:
+        return check("flashinfer", "skipped", "no GPU")
+    if "error" in fi:
+        if not needed:
+            return check("flashinfer", "skipped", f"not importable in {stack.get('python')} ({fi['error']}); "
+                         "no config uses SGLang on a GPU")
+        return check("flashinfer", "fail", f"not importable in {stack.get('python')} ({fi['error']})",
+                     fix="pip install flashinfer-python (the build matching torch), or choose "
+                         "--attention-backend triton/fa3 in the config's options", blocks=True)
+    archs = sorted({g["sm"] for g in facts["nvml"]["gpus"]})
+    arch_env = fi.get("arch_list_env")
+    listed = {a.replace(".", "").rstrip("af") for a in re.split(r"[ ;,]+", arch_env or "") if a}
+    missing = [a for a in archs if arch_env and a not in listed]
+    mode = "prebuilt kernel cache" if fi.get("jit_cache") else "JIT"
+    detail = f"FlashInfer {fi.get('version')} ({mode}) for sm_{', sm_'.join(archs)}"
+    if missing:
+        return check("flashinfer", _bad(needed), f"{detail}: FLASHINFER_CUDA_ARCH_LIST={arch_env} leaves out "
+                     f"sm_{', sm_'.join(missing)}", fix=f"export FLASHINFER_CUDA_ARCH_LIST=\""
+                     f"{' '.join(a[:-1] + '.' + a[-1] + ('a' if a in ('90', '100', '103') else '') for a in archs)}\"",
+                     blocks=needed)
+    if not fi.get("jit_cache") and not facts["nvcc"].get("version"):
+        return check("flashinfer", _bad(needed), f"{detail}: no prebuilt kernels and no nvcc to JIT them",
+                     fix="pip install flashinfer-jit-cache matching FlashInfer, or install the CUDA toolkit "
+                         "(nvcc) matching torch's CUDA", blocks=needed)
+    if any(a == "120" for a in archs):
+        return check("flashinfer", "warn", f"{detail}: on sm_120 the trtllm MLA/MHA kernels do not exist",
+                     fix="choose --attention-backend fa3/triton (and --prefill-attention-backend) for sm_120")
+    return check("flashinfer", "ok", detail)
+
+
+def check_flash_attn(facts: dict, needs: dict) -> dict:
+    """flash_attn availability: some vision towers warm up with it; its absence is a warning, not a blocker."""
+    stack = facts["stack"]
+    fa = stack.get("flash_attn", {})
+    if not any(e in GPU_ENGINES for e in needs.get("engines", [])) and "error" in fa:
+        return check("flash_attn", "skipped", "not installed; no config uses SGLang or vLLM")
+    if "error" in fa:
+        return check("flash_attn", "warn", f"not importable in {stack.get('python')} ({fa['error']}): multimodal "
+                     "models whose vision tower uses it fail at warm-up",
+                     fix="pip install flash-attn --no-build-isolation, or serve with --language-model-only / "
+                         "--mm-attention-backend sdpa")
+    return check("flash_attn", "ok", f"flash_attn {fa.get('version')}")
+
+
+def check_nvlink(facts: dict, needs: dict) -> dict:
+    """NVLink topology and peer-to-peer access between every pair of GPUs."""
+    nvml = facts["nvml"]
+    if "error" in nvml or len(nvml["gpus"]) < 2:
+        return check("nvlink_p2p", "skipped", "fewer than two GPUs")
+    links = {str(g["index"]): g.get("nvlink_active", 0) for g in nvml["gpus"]}
+    p2p = nvml.get("p2p", {})
+    no_p2p = sorted(pair for pair, status in p2p.items() if status != "ok")
+    detail = ("active NVLinks per GPU " + ", ".join(f"{i}:{n}" for i, n in links.items()) +
+              f"; P2P {len(p2p) - len(no_p2p)}/{len(p2p)} pairs")
+    multi = int(needs.get("max_gpus", 0)) > 1
+    if no_p2p:
+        return check("nvlink_p2p", _bad(multi), f"{detail}; no P2P between {', '.join(no_p2p[:8])}",
+                     fix="use GPUs on one NVLink/NVSwitch domain (CUDA_VISIBLE_DEVICES), check `nvidia-smi topo -m`, "
+                         "or set NCCL_P2P_DISABLE=1 in the config's env to run slowly through the host",
+                     blocks=multi, nvlink_active=links, p2p=p2p)
+    if not any(links.values()):
+        return check("nvlink_p2p", "warn" if multi else "ok", f"{detail} (PCIe only)",
+                     fix="tensor parallelism over PCIe is slow: prefer tp=1 with dp, or an NVLink host" if multi
+                     else "", nvlink_active=links, p2p=p2p)
+    return check("nvlink_p2p", "ok", detail, nvlink_active=links, p2p=p2p)
+
+
+def check_multicast(facts: dict, needs: dict) -> dict:
+    """NVLS multicast support, read from CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (no multicast object is made)."""
+    cuda = facts["cuda_driver"]
+    if not cuda.get("version"):
+        return check("nvls_multicast", "skipped", "no CUDA driver")
+    flags = cuda.get("multicast", {})
+    if len(flags) < 2:
+        return check("nvls_multicast", "skipped", "fewer than two GPUs: NVLS needs an NVSwitch domain")
+    supported = [i for i, ok in flags.items() if ok]
+    detail = f"multicast attribute set on {len(supported)}/{len(flags)} GPUs"
+    if len(supported) == len(flags):
+        return check("nvls_multicast", "ok", detail + " (the attribute only; binding memory also needs Fabric "
+                     "Manager)", multicast=flags)
+    return check("nvls_multicast", "warn" if int(needs.get("max_gpus", 0)) > 1 else "ok", detail,
+                 fix="leave NVLS off: NCCL_NVLS_ENABLE=0 in the config's env, and no --enable-nccl-nvls",
+                 multicast=flags)
+
+
+def check_disk(facts: dict, needs: dict) -> dict:
+    """Free disk where resources/ lives vs the bytes of models not yet on this host, plus headroom."""
+    disk = facts["disk"]
+    missing = int(disk.get("missing_model_bytes", 0))
+    need = missing + DISK_HEADROOM_BYTES
+    detail = (f"{disk['free_bytes'] / 1e9:.1f} GB free at {disk['path']}; models still to fetch "
+              f"{missing / 1e9:.2f} GB + {DISK_HEADROOM_BYTES / 1e9:.0f} GB headroom")
+    if disk["free_bytes"] < missing:
+        return check("disk", "fail", detail, fix="free space, or point resources/ at a larger disk (a symlink)",
+                     blocks=True)
+    if disk["free_bytes"] < need:
+        return check("disk", "warn", detail, fix="free space: JIT caches and results need room beside the weights")
     return check("disk", "ok", detail)
 
 
-def check_gpus(max_gpus: int) -> dict:
-    """GPU inventory through NVML; a sweep that needs GPUs on a host without them is blocked."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, driver not loaded, no pynvml
-        status = "fail" if max_gpus else "skipped"
-        return check("gpus", status, f"no NVIDIA GPU ({type(exc).__name__})",
-                     fix="run on a host with NVIDIA GPUs and the driver loaded" if max_gpus else
-                     "not needed: no config uses a GPU", blocks=bool(max_gpus), count=0)
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        devices = []
-        for i in range(count):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            devices.append({"index": i, "name": pynvml.nvmlDeviceGetName(h), "sm": f"{major}{minor}",
-                            "memory_gib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30,
-                            "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000})
-        driver = pynvml.nvmlSystemGetDriverVersion()
-    finally:
-        pynvml.nvmlShutdown()
-    if count < max_gpus:
-        return check("gpus", "fail", f"{count} GPUs, a config needs {max_gpus}",
-                     fix="lower tp/pp/dp or run on a larger host", blocks=True, count=count, devices=devices)
-    return check("gpus", "ok", f"{count} × {devices[0]['name'] if devices else '-'} (driver {driver})",
-                 count=count, devices=devices, driver=driver)
-
-
-def check_engines(engine_facts: list[dict]) -> list[dict]:
+def check_engines(facts: dict, needs: dict) -> list[dict]:
+    """SGLang / vLLM / llama.cpp versions; an engine the sweep uses but this host lacks blocks."""
     out = []
-    for facts in engine_facts:
-        out.append(check(f"engine_{facts.get('engine')}", "ok", f"{facts.get('engine')} {facts.get('version')}",
-                         **{k: v for k, v in facts.items() if k != "engine"}))
+    for engine in ALL_ENGINES:
+        found = facts["engines"].get(engine, {})
+        needed = engine in needs.get("engines", [])
+        if found.get("version"):
+            out.append(check(f"engine_{engine}", "ok", f"{engine} {found['version']}",
+                             **{k: v for k, v in found.items() if k not in ("engine", "version")}))
+        elif needed:
+            out.append(check(f"engine_{engine}", "fail", f"{engine} not found ({found.get('error', 'absent')})",
+                             fix=f"install {engine} or set `engines.{engine}` in the config to where it lives",
+                             blocks=True))
+        else:
+            out.append(check(f"engine_{engine}", "skipped", f"not installed ({found.get('error', 'absent')}); no "
+                             "config uses it"))
     return out
 
 
-def check_host(needs: dict, engine_facts: list[dict], manifests: list[dict], root: Path = Path(".")) -> dict:
-    """Run every check that applies to this sweep; return the host card's facts."""
-    max_gpus = int(needs.get("max_gpus", 0))
-    model_bytes = sum(f.get("size", 0) for m in manifests for f in m.get("files", []))
-    checks = [
-        check_python_headers(needed="sglang" in needs.get("engines", []) and max_gpus > 0),
-        check_gpus(max_gpus),
-        check_disk(root.resolve(), 0 if all(m.get("path") for m in manifests) else model_bytes),
-        *check_engines(engine_facts),
-    ]
-    return {"host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "checks": checks}
+CHECKS = (check_python_headers, check_gpus, check_cuda_versions, check_triton, check_flashinfer, check_flash_attn,
+          check_nvlink, check_multicast, check_disk)
+
+
+def check_host(needs: dict, engine_facts: list[dict], manifests: list[dict], root: Path = Path("."),
+               facts: dict | None = None) -> dict:
+    """Run every check for this sweep (``needs``: engines used, max GPUs per server, models); return the card's facts.
+
+    ``facts`` replaces the host probes (see :func:`gather_facts`) so that every branch can be driven in tests.
+    """
+    facts = facts if facts is not None else gather_facts(needs, engine_facts, manifests, root)
+    checks = [fn(facts, needs) for fn in CHECKS] + check_engines(facts, needs)
+    return {"host": facts.get("host", socket.gethostname()), "platform": facts.get("platform", platform.platform()),
+            "python": facts.get("python", {}).get("version", platform.python_version()),
+            "cpu_count": facts.get("cpu_count", os.cpu_count()), "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "needs": {"engines": list(needs.get("engines", [])), "max_gpus": int(needs.get("max_gpus", 0))},
+            "checks": checks}
 
 
 def render_card(result: dict) -> str:
     """The markdown card the report includes."""
+    needs = result.get("needs", {})
     lines = [f"### Host `{result['host']}`", "",
              f"{result['platform']}, Python {result['python']}, {result['cpu_count']} CPUs; checked "
-             f"{result['checked_at']}.", "", "| check | status | detail | fix |", "|---|---|---|---|"]
+             f"{result['checked_at']} for engines {', '.join(needs.get('engines') or ['-'])} with up to "
+             f"{needs.get('max_gpus', 0)} GPUs per server.", "",
+             "| check | status | detail | fix |", "|---|---|---|---|"]
     for c in result["checks"]:
-        lines.append(f"| {c['name']} | {c['status']} | {c['detail']} | {c['fix']} |")
+        status = f"**{c['status']}** (blocks)" if c.get("blocks") else c["status"]
+        cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (c["detail"], c["fix"])]
+        lines.append(f"| {c['name']} | {status} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
 
 
-
-
 def raise_for_blockers(result: dict) -> None:
+    """Stop the pipeline, naming each failing check that the sweep's configs need and its fix."""
     blockers = [c for c in result["checks"] if c.get("blocks")]
     if blockers:
         raise RuntimeError("environment check failed:\n" + "\n".join(
             f"  {c['name']}: {c['detail']} — fix: {c['fix']}" for c in blockers))
+
+
+# --- probes: the host in, facts out -----------------------------------------------------------------------------------
+
+def gather_facts(needs: dict, engine_facts: list[dict], manifests: list[dict], root: Path = Path(".")) -> dict:
+    """Ask this host everything the checks judge. Each probe records an ``error`` instead of raising."""
+    prepared = {f.get("engine"): f for f in engine_facts}
+    stack_python = (prepared.get("sglang", {}).get("python") or prepared.get("vllm", {}).get("python")
+                    or sys.executable)
+    nvml = probe_nvml()
+    stack = probe_python_stack(stack_python, smoke=("error" not in nvml))
+    return {"host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "python": probe_python_headers(), "nvml": nvml, "cuda_driver": probe_cuda_driver(),
+            "nvcc": probe_nvcc(), "stack": stack, "engines": probe_engines(prepared, stack),
+            "disk": probe_disk(root, needs, manifests)}
+
+
+def probe_python_headers() -> dict:
+    include_dir = sysconfig.get_paths().get("include", "")
+    return {"version": platform.python_version(), "include_dir": include_dir,
+            "python_h": (Path(include_dir) / "Python.h").exists()}
+
+
+def probe_nvml() -> dict:
+    """GPUs, driver, active NVLinks and P2P status per pair through NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # no pynvml, libnvidia-ml missing, driver not loaded
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        gpus = []
+        for i, h in enumerate(handles):
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            gpus.append({"index": i, "name": _text(pynvml.nvmlDeviceGetName(h)), "sm": f"{major}{minor}",
+                         "memory_gib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30,
+                         "power_limit_w": _nvml_or(lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000, 0.0),
+                         "nvlink_active": _active_links(pynvml, h)})
+        p2p = {}
+        for i in range(len(handles)):
+            for j in range(i + 1, len(handles)):
+                status = _nvml_or(lambda: pynvml.nvmlDeviceGetP2PStatus(
+                    handles[i], handles[j], pynvml.NVML_P2P_CAPS_INDEX_READ), None)
+                p2p[f"{i}-{j}"] = "ok" if status == pynvml.NVML_P2P_STATUS_OK else f"status {status}"
+        return {"driver": _text(pynvml.nvmlSystemGetDriverVersion()), "gpus": gpus, "p2p": p2p}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nvml_or(fn, default):
+    try:
+        return fn()
+    except Exception:  # NVMLError_NotSupported on some SKUs / virtualised GPUs
+        return default
+
+
+def _active_links(pynvml, handle) -> int:
+    active = 0
+    for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            active += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
+        except Exception:  # links beyond this GPU's count raise
+            break
+    return active
+
+
+def probe_cuda_driver() -> dict:
+    """The driver's CUDA API version and each device's multicast attribute, via libcuda and ctypes (read-only)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return {"error": f"libcuda.so.1: {exc}"}
+    version, count = ctypes.c_int(), ctypes.c_int()
+    if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return {"error": "cuDriverGetVersion failed"}
+    out: dict = {"version": f"{version.value // 1000}.{version.value % 1000 // 10}", "multicast": {}}
+    rc = cuda.cuInit(0)
+    if rc != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        out["init_error"] = f"cuInit returned {rc}"
+        return out
+    for i in range(count.value):
+        device, value = ctypes.c_int(), ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(device), i) == 0 and cuda.cuDeviceGetAttribute(
+                ctypes.byref(value), CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, device) == 0:
+            out["multicast"][str(i)] = bool(value.value)
+    return out
+
+
+def probe_nvcc() -> dict:
+    """The CUDA toolkit's version from ``nvcc --version`` (CUDA_HOME first, then PATH, then /usr/local/cuda)."""
+    candidates = [Path(os.environ[k]) / "bin" / "nvcc" for k in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(k)]
+    candidates += [Path(p) for p in [shutil.which("nvcc")] if p] + [Path("/usr/local/cuda/bin/nvcc")]
+    for nvcc in candidates:
+        if nvcc.exists():
+            try:
+                out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=30).stdout
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return {"error": f"{nvcc}: {exc}"}
+            match = re.search(r"release (\d+\.\d+)", out)
+            return {"version": match.group(1) if match else None, "path": str(nvcc)}
+    return {"error": "nvcc not found (CUDA_HOME, PATH, /usr/local/cuda)"}
+
+
+# Runs in the engine's interpreter: each import is isolated so one broken package does not hide the others.
+_STACK_PROBE = r"""
+import importlib, json, os, sys, time
+out = {"python": sys.executable}
+def version(mod):
+    try:
+        m = importlib.import_module(mod)
+        return {"version": getattr(m, "__version__", "unknown")}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+for mod in ("triton", "flash_attn", "sglang", "vllm"):
+    out[mod] = version(mod)
+out["torch"] = version("torch")
+if "version" in out["torch"]:
+    import torch
+    out["torch"].update(cuda=torch.version.cuda, cuda_available=torch.cuda.is_available(),
+                        arch_list=torch.cuda.get_arch_list() if torch.cuda.is_available() else [])
+out["flashinfer"] = version("flashinfer")
+if "version" in out["flashinfer"]:
+    out["flashinfer"]["jit_cache"] = "version" in version("flashinfer_jit_cache")
+    out["flashinfer"]["arch_list_env"] = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+if SMOKE and "version" in out["triton"] and out["torch"].get("cuda_available"):
+    t0 = time.time()
+    try:
+        import torch, triton, triton.language as tl
+
+        @triton.jit
+        def add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+        x = torch.arange(1000, device="cuda", dtype=torch.float32)
+        y = torch.ones_like(x)
+        z = torch.empty_like(x)
+        add[(triton.cdiv(1000, 256),)](x, y, z, 1000, BLOCK=256)
+        torch.cuda.synchronize()
+        ok = bool(torch.equal(z, x + 1))
+        out["triton_smoke"] = {"ok": ok, "seconds": time.time() - t0, **({} if ok else {"error": "wrong result"})}
+    except Exception as exc:
+        out["triton_smoke"] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
+print(json.dumps(out))
+"""
+
+
+def probe_python_stack(python: str, smoke: bool, timeout_s: float = 600) -> dict:
+    """torch, Triton (+ a smoke compile), FlashInfer, flash_attn, SGLang and vLLM as seen by ``python``."""
+    try:
+        proc = subprocess.run([python, "-c", _STACK_PROBE.replace("SMOKE", str(bool(smoke)), 1)],
+                              capture_output=True, text=True, timeout=timeout_s)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as exc:
+        error = {"error": f"probe in {python} failed: {type(exc).__name__}"}
+        return {"python": python, **{m: dict(error) for m in ("triton", "flash_attn", "sglang", "vllm", "torch",
+                                                                "flashinfer")}}
+
+
+def probe_engines(prepared: dict, stack: dict) -> dict:
+    """Engine versions: prepared facts first, then the Python stack, then ``llama-server --version`` on PATH."""
+    engines = {}
+    for engine in ("sglang", "vllm"):
+        engines[engine] = ({"version": prepared[engine].get("version")} if prepared.get(engine, {}).get("version")
+                           else stack.get(engine, {}))
+    if prepared.get("llamacpp", {}).get("version"):
+        engines["llamacpp"] = {"version": prepared["llamacpp"]["version"], "binary": prepared["llamacpp"].get("binary")}
+    elif binary := shutil.which("llama-server"):
+        try:
+            out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+            line = next((l for l in (out.stdout + out.stderr).splitlines() if l.startswith("version")), None)
+            engines["llamacpp"] = {"version": line, "binary": binary} if line else {"error": "no version line"}
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            engines["llamacpp"] = {"error": f"{type(exc).__name__}"}
+    else:
+        engines["llamacpp"] = {"error": "llama-server not on PATH and not prepared"}
+    return engines
+
+
+def probe_disk(root: Path, needs: dict, manifests: list[dict]) -> dict:
+    """Free bytes at ``root`` and the bytes of models not on this host (from manifests, else config estimates)."""
+    missing = sum(f.get("size") or 0 for m in manifests if not (m.get("path") and Path(m["path"]).exists())
+                  for f in m.get("files", []))
+    have = {m.get("model") for m in manifests}
+    for name, model in (needs.get("models") or {}).items():
+        arch = model.get("architecture") or {}
+        if name not in have and arch.get("parameters_b") and arch.get("weight_bits"):
+            missing += int(arch["parameters_b"] * 1e9 * arch["weight_bits"] / 8)
+    path = Path(root).resolve()
+    return {"path": str(path), "free_bytes": shutil.disk_usage(path).free, "missing_model_bytes": missing}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print this host's card (``--card``) and/or write its facts (``--json``); exit 1 if a needed check fails."""
+    parser = argparse.ArgumentParser(prog="python3 -m servesweep.envcheck", description=__doc__.split("\n")[0])
+    parser.add_argument("--card", action="store_true", help="print the markdown card")
+    parser.add_argument("--json", type=Path, help="write the checks as JSON here")
+    parser.add_argument("--engines", default="", help="engines the sweep uses, comma-separated (default: none, so "
+                        "nothing blocks and every engine is reported)")
+    parser.add_argument("--gpus", type=int, default=0, help="GPUs one server needs (default 0)")
+    parser.add_argument("--root", type=Path, default=Path("."), help="where resources/ lives (for the disk check)")
+    args = parser.parse_args(argv)
+    needs = {"engines": [e for e in args.engines.split(",") if e], "max_gpus": args.gpus, "models": {}}
+    result = check_host(needs, [], [], root=args.root)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.card or not args.json:
+        print(render_card(result))
+    return 1 if any(c.get("blocks") for c in result["checks"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

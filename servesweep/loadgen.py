@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import multiprocessing
 import random
 import statistics
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 import aiohttp
@@ -59,8 +61,31 @@ class PromptFactory:
         return prefix + body
 
 
+# A cell whose client event loop woke up later than this (p99 of a 10 ms sleep) had a client that could not keep
+# up with the streams, so its timings and throughput describe the client, not the server. In the fidelity
+# benchmark (docs/performance.md) a client whose p99 lag stays under it measures ITL within a few milliseconds.
+CLIENT_BOUND_LAG_P99_MS = 20.0
+
+
+def _unknown_chunk_tokens(chunk: dict) -> int | None:
+    """Default token count of a chunk: unknown, so each chunk with text counts as one token."""
+    return None
+
+
+def is_client_bound(client: dict) -> bool:
+    """Whether the client's own event loop limited a cell (the single definition behind ``client_bound``)."""
+    lag = client.get("loop_lag_p99_ms", math.nan)
+    return bool(lag > CLIENT_BOUND_LAG_P99_MS)
+
+
 @dataclass
 class LoadSpec:
+    """One closed-loop cell: ``concurrency`` streams over ``workers`` processes share the prompts.
+
+    More than one worker spreads the streams over processes that stamp times on the same monotonic clock, for
+    stream rates a single event loop cannot consume.
+    """
+
     base_url: str
     model: str
     concurrency: int
@@ -70,9 +95,10 @@ class LoadSpec:
     temperature: float = 0.0
     extra_fields: dict = field(default_factory=dict)
     request_timeout_s: float = 600
-    chunk_tokens: Callable[[dict], int | None] = lambda chunk: None
+    chunk_tokens: Callable[[dict], int | None] = _unknown_chunk_tokens
     progress: bool = True
     label: str = ""
+    workers: int = 1
 
 
 class LoopLagMonitor:
@@ -169,26 +195,40 @@ async def stream_one(session: aiohttp.ClientSession, spec: LoadSpec, prompt: lis
 
 
 async def run_load(spec: LoadSpec) -> tuple[list[dict], dict]:
-    """Closed-loop load: ``concurrency`` workers pull prompts until none are left. Warm-up runs first, uncounted.
+    """Closed-loop load: ``concurrency`` streams pull prompts until none are left. Warm-up runs first, uncounted.
 
-    Returns (measured request records, client self-check figures).
+    Returns (measured request records, client self-check figures: loop lag, client CPU, ``client_bound``).
     """
+    workers = max(1, min(spec.workers, spec.concurrency))
+    if workers == 1:
+        records, client = await _run_in_process(spec)
+    else:
+        records, client = await asyncio.get_running_loop().run_in_executor(None, _run_in_workers, spec, workers)
+    client["client_workers"] = workers
+    client["client_bound"] = is_client_bound(client)
+    records.sort(key=lambda r: r["index"])
+    return records, client
+
+
+async def _run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] | None = None,
+                          indexed: list[tuple[int, list[int]]] | None = None) -> tuple[list[dict], dict]:
+    """One event loop drives every stream of ``spec`` (or of ``indexed``, this worker's share of the prompts)."""
     timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s)
-    # A fresh connection per request: servers close idle keep-alive sockets (llama.cpp does), and a reused
-    # stale socket would surface as a spurious "server disconnected" error.
-    connector = aiohttp.TCPConnector(limit=spec.concurrency + 4, force_close=True)
+    connector = aiohttp.TCPConnector(limit=spec.concurrency + 4, force_close=False)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         if spec.warmup_prompts:
             await asyncio.gather(*(stream_one(session, spec, p, -1 - i) for i, p in enumerate(spec.warmup_prompts)))
+        if before_measuring is not None:
+            await asyncio.get_running_loop().run_in_executor(None, before_measuring)
         queue: asyncio.Queue = asyncio.Queue()
-        for i, p in enumerate(spec.prompts):
+        for i, p in indexed if indexed is not None else enumerate(spec.prompts):
             queue.put_nowait((i, p))
         records: list[dict] = []
         bar = None
         if spec.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(spec.prompts), desc=spec.label or "cell", unit="req", file=sys.stderr,
+            bar = tqdm(total=queue.qsize(), desc=spec.label or "cell", unit="req", file=sys.stderr,
                        mininterval=1.0, leave=False)
 
         async def worker() -> None:
@@ -203,11 +243,84 @@ async def run_load(spec: LoadSpec) -> tuple[list[dict], dict]:
 
         monitor = LoopLagMonitor()
         monitor.start()
+        cpu0, wall0 = time.process_time(), time.monotonic()
         try:
             await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
         finally:
             client = await monitor.stop()
+            client["client_cpu_s"] = time.process_time() - cpu0
+            client["client_wall_s"] = time.monotonic() - wall0
             if bar is not None:
                 bar.close()
-    records.sort(key=lambda r: r["index"])
     return records, client
+
+
+def _share(items: list, sizes: list[int]) -> list[list]:
+    """Cut ``items`` into consecutive parts proportional to ``sizes``."""
+    total, out, start = sum(sizes), [], 0
+    for k, size in enumerate(sizes):
+        end = len(items) if k == len(sizes) - 1 else start + round(len(items) * size / total)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def _run_in_workers(spec: LoadSpec, workers: int) -> tuple[list[dict], dict]:
+    """Spread the streams over ``workers`` processes; all warm up, then start measuring together."""
+    ctx = multiprocessing.get_context("spawn")  # the caller's event loop and threads must not be forked
+    sizes = [spec.concurrency // workers + (1 if k < spec.concurrency % workers else 0) for k in range(workers)]
+    prompts = _share(list(enumerate(spec.prompts)), sizes)
+    warmups = _share(spec.warmup_prompts, sizes)
+    # Children stamp time.monotonic() (system-wide on Linux) plus this offset: the same clock as now() here.
+    offset = now() - time.monotonic()
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = []
+    for k in range(workers):
+        part = replace(spec, concurrency=sizes[k], prompts=[], warmup_prompts=warmups[k], progress=False, workers=1)
+        procs.append(ctx.Process(target=_worker_main, args=(part, prompts[k], offset, ready, go, results),
+                                 daemon=True))
+    for proc in procs:
+        proc.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=spec.request_timeout_s + 120)
+        go.set()
+        parts = [results.get(timeout=spec.request_timeout_s * max(1, len(spec.prompts)) + 120) for _ in procs]
+    finally:
+        go.set()
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    errors = [p for p in parts if isinstance(p, str)]
+    if errors:
+        raise RuntimeError("load-generator worker failed:\n" + "\n".join(errors))
+    records = [r for recs, _ in parts for r in recs]
+    clients = [c for _, c in parts]
+    client = {
+        "loop_lag_p99_ms": max(c["loop_lag_p99_ms"] for c in clients),
+        "loop_lag_max_ms": max(c["loop_lag_max_ms"] for c in clients),
+        "loop_lag_mean_ms": statistics.fmean(c.get("loop_lag_mean_ms", math.nan) for c in clients),
+        "client_cpu_s": sum(c["client_cpu_s"] for c in clients),
+        "client_wall_s": max(c["client_wall_s"] for c in clients),
+    }
+    return records, client
+
+
+def _worker_main(spec: LoadSpec, indexed: list[tuple[int, list[int]]], clock_offset: float, ready, go,
+                 results) -> None:
+    """Entry point of one worker process: run its share, send back (records, client) or the traceback."""
+    import traceback
+
+    global now
+    now = lambda: clock_offset + time.monotonic()  # noqa: E731 - the parent's clock, shared by every worker
+
+    def wait_for_go() -> None:
+        ready.put(True)
+        go.wait()
+
+    try:
+        results.put(asyncio.run(_run_in_process(spec, before_measuring=wait_for_go, indexed=indexed)))
+    except BaseException:
+        ready.put(False)
+        results.put(traceback.format_exc())

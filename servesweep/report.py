@@ -81,11 +81,45 @@ def anomalies(cells: pd.DataFrame) -> list[str]:
 
 
 def engine_metric_findings(cells: pd.DataFrame) -> list[str]:
+    """What the engine columns of the cells table mean for each config: graph coverage, failures, accept length
+    against speedup, and SGLang's silent 48-request cap for DFlash-family speculative decoding."""
     out = []
     if "accept_length" in cells:
         for cfg, g in cells.dropna(subset=["accept_length"]).groupby("config"):
             parts = ", ".join(f"ctx={r.ctx} C={r.concurrency}: {r.accept_length:.2f}" for r in g.itertuples())
             out.append(f"- `{cfg}` accept length (tokens per verify step, bonus token included): {parts}.")
+            if "speedup" in g:
+                # Each verify step costs more than one plain decode step; the speedup says how much of the accepted
+                # length survived that cost.
+                low = g[(g.accept_length > 1.5) & (g.speedup < 1.0)]
+                for r in low.itertuples():
+                    out.append(f"- `{cfg}` at ctx={r.ctx} C={r.concurrency} accepts {r.accept_length:.2f} tokens per "
+                               f"step yet runs at {r.speedup:.2f}× the baseline: drafting and verification cost more "
+                               "than the accepted tokens save at this batch size.")
+    if "cuda_graph_coverage" in cells:
+        for cfg, g in cells.dropna(subset=["cuda_graph_coverage"]).groupby("config"):
+            eager = g[g.cuda_graph_coverage < 0.5]
+            if len(eager):
+                cells_txt = ", ".join(f"ctx={r.ctx} C={r.concurrency} ({r.cuda_graph_coverage:.0%})"
+                                      for r in eager.itertuples())
+                out.append(f"- `{cfg}` ran most decode steps eagerly (CUDA-graph coverage = decode log lines with "
+                           f"`cuda graph: True` / all decode lines) in {cells_txt}: batches above the captured graph "
+                           "sizes fall back to eager mode, which costs launch overhead; raise `cuda_graph_max_bs` or "
+                           "lower the concurrency.")
+    if "failures" in cells:
+        for cfg, g in cells[cells.failures.fillna(0) > 0].groupby("config"):
+            kinds = sorted({k for v in g.get("failure_kinds", pd.Series(dtype=str)).dropna() for k in str(v).split(";")})
+            out.append(f"- `{cfg}` logged {int(g.failures.sum())} server failure line(s) during its cells "
+                       f"({', '.join(kinds) or 'see server.log'}); CUDA-graph capture failures and illegal memory "
+                       "accesses with speculative decoding usually need a smaller `cuda_graph_max_bs`, fewer draft "
+                       "tokens or `cuda_graph: false`.")
+    if {"max_running_req", "max_queue_req"} <= set(cells.columns):
+        capped = cells[(cells.max_running_req == 48) & (cells.concurrency > 48) & (cells.max_queue_req > 0)]
+        for cfg, g in capped.groupby("config"):
+            out.append(f"- `{cfg}` never ran more than 48 requests at once while others queued (C = "
+                       f"{', '.join(str(c) for c in sorted(g.concurrency.unique()))}): SGLang resets "
+                       "max-running-requests to 48 for DFlash-family speculative decoding when it is unset; set "
+                       "`options.max_running_requests`.")
     return out
 
 
@@ -96,6 +130,44 @@ def setup_section(metas: list[dict]) -> list[str]:
         lines.append(f"| `{m['config']}` | {m['engine']} | {m.get('engine_version') or '–'} | {m['model']} "
                      f"| {labels} | {_fmt(m.get('ready_s'))} s | {m.get('status')} |")
     return lines
+
+
+def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> list[str]:
+    """pass@1 per config, the lossless check per speculative config (flagged below 100 %) and the sandbox's
+    isolation, from the correctness table."""
+    lines = ["## Correctness", "", "HumanEval pass@1 (temperature 0, completion style, answers run in a sandbox):", ""]
+    for r in table.itertuples():
+        if isinstance(r.skipped, str):
+            lines.append(f"- `{r.config}`: skipped — {r.skipped}.")
+            continue
+        others = ", ".join(f"{int(n)} {what}" for n, what in ((r.failed, "failed"), (r.errors, "error"),
+                                                               (r.timeouts, "timed out")) if n)
+        lines.append(f"- `{r.config}`: {100 * r.pass_at_1:.0f} % ({int(r.passed)}/{int(r.problems)} passed"
+                     f"{'; ' + others if others else ''}).")
+    spec = table[table["speculative"] & (table["config"] != baseline)]
+    lines += ["", "Lossless check (the same greedy fixed-length prompts, one request at a time, against "
+              f"`{baseline}`):", ""]
+    if spec.empty:
+        lines.append("- no speculative config in this sweep.")
+    for r in spec.itertuples():
+        if r.lossless == "identical":
+            lines.append(f"- `{r.config}`: {int(r.lossless_prompts)}/{int(r.lossless_prompts)} completions identical "
+                         "(100 %): lossless.")
+        elif r.lossless == "below 100 %":
+            lines.append(f"- `{r.config}`: **below 100 %** — {100 * r.exact_match_rate:.0f} % of "
+                         f"{int(r.lossless_prompts)} completions identical; first divergence at token "
+                         f"{int(r.first_divergence_token)}. Speculative decoding must not change greedy output: "
+                         "check the engine version and the draft settings.")
+        else:
+            lines.append(f"- `{r.config}`: not checked ({r.lossless}).")
+    networks = sorted(set(table["sandbox_network"].dropna()))
+    filesystems = sorted(set(table["sandbox_filesystem"].dropna()))
+    if networks:
+        isolated = all(n.startswith("isolated") for n in networks)
+        lines += ["", f"Sandbox: network {'; '.join(networks)}; filesystem {'; '.join(filesystems)}."
+                  + ("" if isolated else " **Network isolation was not in force**: model-written code could reach "
+                     "the network.")]
+    return lines + ["", table_md, ""]
 
 
 def write_findings(out_path: Path, inputs, baseline: str) -> str:
@@ -138,6 +210,7 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     warnings = [f"- `{m['config']}`: {w}" for m in metas for w in m.get("warnings") or []]
     if warnings:
         lines += ["Configuration warnings:", ""] + warnings + [""]
+    lines += correctness_section(pd.read_csv(inputs.correctness), Path(inputs.correctness_md).read_text(), baseline)
 
     lines += ["## Tables", "", "### Throughput", "", Path(inputs.throughput).read_text(), "",
               f"### Speedup over `{baseline}`", "", Path(inputs.speedup_md).read_text(), ""]

@@ -3,6 +3,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -121,6 +122,8 @@ class Handler(BaseHTTPRequestHandler):
                     site.bytes_served += len(piece)
                     if path in site.signed:
                         site.signed[path]["served"] += len(piece)
+                        if site.signed[path]["served"] >= site.signed[path]["budget"]:
+                            break  # the signature expired mid-stream: the CDN drops the connection
                 if site.throttle_bps:
                     time.sleep(len(piece) / site.throttle_bps)
         except (BrokenPipeError, ConnectionResetError):
@@ -316,19 +319,51 @@ def test_gated_file_without_token_is_an_auth_error(hub_env, tmp_path):
         fetch("tiny", {"source": {"huggingface": {"repo": REPO}}}, tmp_path / "models" / "tiny", log=io.StringIO())
 
 
-def test_expired_signed_url_is_resolved_again(hub_env, tmp_path):
+def test_expired_signed_url_is_resolved_again(hub_env, tmp_path, monkeypatch):
+    # One connection, so the signed URL must serve several requests in a row, as in a long download.
+    monkeypatch.setattr(download, "MAX_CONNECTIONS_PER_SERVER", 1)
     data = blob(4 << 20, seed=8)
     # Each signature expires after 1 MiB, as a CDN's signed URL would expire during a long download.
     hub(hub_env, {"shard.safetensors": data}, lfs={"shard.safetensors"}, signed={"shard.safetensors"},
         budget=1 << 20)
-    hub_env.throttle_bps = 1 << 20
-    log = io.StringIO()
-    out = fetch("tiny", {"source": {"huggingface": {"repo": REPO}}}, tmp_path / "models" / "tiny", log=log,
+    hub_env.throttle_bps = 4 << 20
+    out = fetch("tiny", {"source": {"huggingface": {"repo": REPO}}}, tmp_path / "models" / "tiny", log=io.StringIO(),
                 max_attempts=20, retry_wait_s=0.1)
     assert out["files"][0]["sha256"] == sha(data)
-    assert hub_env.signed["/cdn/shard.safetensors"]["sig"] >= 2, "the redirect was resolved again"
-    assert "retry" in log.getvalue()
-    assert hub_env.bytes_served < 2 * len(data), "retries resumed instead of starting over"
+    assert hub_env.signed["/cdn/shard.safetensors"]["sig"] >= 4, "each expired signature was resolved again"
+    ranges = [r["range"] for r in hub_env.requests if r["path"] == "/cdn/shard.safetensors" and r["range"]]
+    assert ranges and all(not r.startswith("bytes=0-") for r in ranges), "later tries resumed, not restarted"
+
+
+class FailedDownload:
+    def __init__(self, code):
+        self.error_code, self.error_message = code, "failed"
+
+
+@pytest.mark.parametrize("code, path, outcome", [
+    ("22", "/redirect", "retry"),   # the origin still redirects: the signed URL expired, resolve it again
+    ("6", "/file", "retry"),        # network error, origin fine
+    ("22", "/missing", "not found (HTTP 404)"),
+    ("22", "/private", "refused access (HTTP 401)"),
+    ("24", "/file", "refused access"),
+    ("3", "/file", "not found"),
+])
+def test_failure_classification(site, tmp_path, code, path, outcome):
+    site.files["/file"] = b"x"
+    site.files["/private"] = b"x"
+    site.protected.add("/private")
+    site.redirects["/redirect"] = lambda: site.base + "/file"
+    f = RemoteFile("f.bin", site.base + path)
+    attempts = {"f.bin": 1}
+    if outcome == "retry":
+        log = io.StringIO()
+        download._retry_or_raise(f, FailedDownload(code), attempts, 5, [], tmp_path, "m", log)
+        assert "retry 2 of 5 from the original URL" in log.getvalue()
+        with pytest.raises(DownloadError, match="failed 5 times"):
+            download._retry_or_raise(f, FailedDownload(code), {"f.bin": 5}, 5, [], tmp_path, "m", log)
+    else:
+        with pytest.raises(DownloadError, match=re.escape(outcome)):
+            download._retry_or_raise(f, FailedDownload(code), attempts, 5, [], tmp_path, "m", io.StringIO())
 
 
 def test_unknown_repo_names_the_key(hub_env, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 import time
 from pathlib import Path
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    (args.outdir / "calibration_host.json").write_text(__import__("json").dumps(host, indent=2) + "\n")
+    (args.outdir / "calibration_host.json").write_text(json.dumps(host, indent=2) + "\n")
     return 0
 
 

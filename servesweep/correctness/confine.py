@@ -110,7 +110,8 @@ def main() -> None:
             pass
 
     limits = settings["limits"]
-    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
+    # soft = hard: the first process of a PID namespace ignores SIGXCPU, so only the hard limit's SIGKILL stops it
+    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"],) * 2)
     resource.setrlimit(resource.RLIMIT_AS, (limits["address_space_bytes"],) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_bytes"],) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)

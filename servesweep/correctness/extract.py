@@ -97,14 +97,20 @@ def _defines(code: str, name: str) -> bool:
     return re.search(rf"^[ \t]*(async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", code, re.M) is not None
 
 
-def _keep_definitions(code: str) -> str:
-    """Only imports, functions, classes and assignments at top level: example calls, prints and asserts go."""
+def _is_example(node: ast.stmt, entry_point: str) -> bool:
+    """An assignment that runs the solution or reads input: example usage, not part of the solution."""
+    calls = {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return bool(calls & {entry_point, "input", "print"})
+
+
+def _keep_definitions(code: str, entry_point: str) -> str:
+    """Imports, functions, classes and constants at top level; example calls, prints and asserts go."""
     tree = ast.parse(code)
     lines = code.split("\n")
     kept = []
     for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
-                             ast.Assign, ast.AnnAssign)):
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or (
+                isinstance(node, (ast.Assign, ast.AnnAssign)) and not _is_example(node, entry_point)):
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             kept.append("\n".join(lines[first - 1:node.end_lineno]))
     return "\n\n".join(kept) + "\n" if kept else ""
@@ -163,7 +169,7 @@ def _from_blocks(blocks: list[str], entry_point: str) -> str | None:
     main = chosen if whole else trim_to_parseable(chosen)
     if not _defines(main, entry_point):
         return None
-    main = _keep_definitions(main)
+    main = _keep_definitions(main, entry_point)
     others = [b for b in blocks if b is not chosen]
     return _helpers_from(others, main) + main
 
@@ -185,7 +191,7 @@ def _bare_code(text: str, entry_point: str) -> str:
             break
         end += 1
     code = trim_to_parseable(textwrap.dedent("\n".join(lines[start:end])))
-    return _keep_definitions(code) if code else ""
+    return _keep_definitions(code, entry_point) if code else ""
 
 
 def reindent_body(body: str) -> str:

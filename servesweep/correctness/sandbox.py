@@ -104,6 +104,30 @@ def _tail(path: Path) -> str:
         return fh.read().decode(errors="replace")
 
 
+def _sandbox_uid_processes() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == SANDBOX_UID:
+                    pids.append(int(entry.name))
+            except FileNotFoundError:
+                continue
+    return pids
+
+
+def _wait_for_sandbox_uid_to_empty(deadline_s: float = 5.0) -> None:
+    """Return once no process runs as the sandbox uid; the PID namespace's teardown is asynchronous."""
+    end = time.monotonic() + deadline_s
+    while (pids := _sandbox_uid_processes()) and time.monotonic() < end:
+        for pid in pids:  # only this sandbox runs as this uid: whatever is left is the program's
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
 def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
     """Run Python ``source`` confined; return its exit status, output tails and the isolation in force."""
     root = Path(tempfile.mkdtemp(prefix="servesweep-sandbox-")).resolve()
@@ -143,6 +167,8 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
                 except ProcessLookupError:
                     pass
                 proc.wait()
+            if os.geteuid() == 0:
+                _wait_for_sandbox_uid_to_empty()
             duration = time.monotonic() - t0
         with os.fdopen(status_read) as fh:
             lines = [json.loads(line) for line in fh if line.strip()]
@@ -189,7 +215,7 @@ def classify(result: SandboxResult) -> tuple[str, str]:
     """(outcome, detail) for a harness run: passed, failed, error or timeout."""
     last = (result.stderr.strip().splitlines() or [""])[-1][:300]
     if result.timed_out or result.signal in (signal.SIGXCPU, signal.SIGKILL):
-        return "timeout", "wall clock ran out" if result.timed_out else f"CPU limit (signal {result.signal})"
+        return "timeout", "wall clock ran out" if result.timed_out else f"CPU-time limit (signal {result.signal})"
     if result.returncode == 0 and "servesweep: tests passed" in result.stdout:
         return "passed", ""
     if result.returncode == EXIT_TESTS_FAILED:

@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import aiohttp
-
 from servesweep import promtext
 from servesweep.engines.base import Engine, LaunchSpec, LogEvent
 

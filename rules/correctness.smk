@@ -1,0 +1,14 @@
+rule check_lossless:
+    input:
+        coding_eval=get_run_outputs("coding_eval.json"),
+        greedy=get_run_outputs("greedy.jsonl"),
+        meta=get_run_outputs("meta.json"),
+    output:
+        csv=report("results/tables/correctness.csv", category="Tables"),
+        md="results/tables/correctness.md",
+    params:
+        baseline=BASELINE,
+    log:
+        "logs/correctness/check_lossless.log",
+    script:
+        "../scripts/check_lossless.py"

@@ -1,0 +1,106 @@
+"""The correctness part of one config's bench job, run while its server is still up.
+
+Writes the coding eval (``coding_eval.json``) and the greedy completions for the lossless check (``greedy.jsonl``).
+Both are always written, so that the pipeline's outputs exist; a skipped check says why instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from servesweep.correctness import humaneval, lossless
+from servesweep.correctness.client import complete
+from servesweep.correctness.sandbox import Limits
+
+
+@dataclass(frozen=True)
+class CorrectnessSettings:
+    """The ``correctness:`` config section with its defaults."""
+
+    enabled: bool = True
+    problems: int | tuple[str, ...] = 5
+    max_tokens: int = 384
+    timeout_s: float = 10.0
+    lossless_prompts: int = 8
+    lossless_output_tokens: int = 64
+
+    @classmethod
+    def from_config(cls, section: dict | None) -> "CorrectnessSettings":
+        section = section or {}
+        coding = section.get("coding_eval", {})
+        check = section.get("lossless", {})
+        problems = coding.get("problems", cls.problems)
+        return cls(enabled=bool(section.get("enabled", cls.enabled)),
+                   problems=problems if isinstance(problems, int) else tuple(problems),
+                   max_tokens=int(coding.get("max_tokens", cls.max_tokens)),
+                   timeout_s=float(coding.get("timeout_s", cls.timeout_s)),
+                   lossless_prompts=int(check.get("prompts", cls.lossless_prompts)),
+                   lossless_output_tokens=int(check.get("output_tokens", cls.lossless_output_tokens)))
+
+
+@dataclass(frozen=True)
+class CorrectnessOutputs:
+    """Where one config's correctness outputs go."""
+
+    coding_eval_json: Path
+    greedy_jsonl: Path
+
+
+def skip_reason(sc, settings: CorrectnessSettings) -> str | None:
+    """Why this config gets no coding eval and no lossless check, or None."""
+    if not settings.enabled:
+        return "correctness.enabled is false"
+    if sc.model.get("load_format") == "dummy":
+        return (f"model `{sc.model_name}` has load_format: dummy (random weights), so its answers carry no "
+                "meaning")
+    return None
+
+
+async def _generate(server, engine, sc, settings: CorrectnessSettings, problems: list[dict]):
+    timeout = aiohttp.ClientTimeout(total=sc.request_timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async def coding(prompt: str) -> dict:
+            return await complete(session, server.base_url, sc.served_name, prompt, settings.max_tokens)
+
+        async def fixed_length(prompt: str) -> dict:
+            return await complete(session, server.base_url, sc.served_name, prompt, settings.lossless_output_tokens,
+                                  engine.request_fields(sc))
+
+        async def tokenize(text: str) -> list[int]:
+            return await engine.tokenize(session, server.base_url, text)
+
+        completions = await humaneval.generate(coding, problems)
+        greedy = await lossless.generate(fixed_length, tokenize, settings.lossless_prompts)
+    return completions, greedy
+
+
+def run_correctness(server, engine, sc, correctness_cfg: dict | None, outputs: CorrectnessOutputs, log) -> dict:
+    """Coding eval and greedy completions against a ready server; writes both outputs, returns a summary for meta."""
+    settings = CorrectnessSettings.from_config(correctness_cfg)
+    outputs.coding_eval_json.parent.mkdir(parents=True, exist_ok=True)
+    reason = skip_reason(sc, settings)
+    if reason:
+        print(f"[{sc.name}] correctness checks skipped: {reason}", file=log, flush=True)
+        outputs.coding_eval_json.write_text(json.dumps({"config": sc.name, "skipped": reason}, indent=2) + "\n")
+        outputs.greedy_jsonl.write_text("")
+        return {"skipped": reason}
+    problems = humaneval.select_problems(settings.problems if isinstance(settings.problems, int)
+                                         else list(settings.problems))
+    completions, greedy = asyncio.run(_generate(server, engine, sc, settings, problems))
+    with open(outputs.greedy_jsonl, "w") as fh:
+        for record in greedy:
+            fh.write(json.dumps(record) + "\n")
+    limits = Limits(timeout_s=settings.timeout_s, cpu_s=max(1, int(settings.timeout_s)))
+    scored = humaneval.score(problems, completions, limits)
+    result = {"config": sc.name, "skipped": None, "max_tokens": settings.max_tokens, "timeout_s": settings.timeout_s,
+              **scored}
+    outputs.coding_eval_json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"[{sc.name}] coding eval: {scored['passed']}/{scored['total']} passed; sandbox network "
+          f"{scored['sandbox'].get('network')}; {len(greedy)} greedy completions for the lossless check",
+          file=log, flush=True)
+    return {"pass_at_1": scored["pass_at_1"], "passed": scored["passed"], "total": scored["total"],
+            "greedy_prompts": len(greedy)}

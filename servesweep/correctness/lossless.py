@@ -1,0 +1,89 @@
+"""Lossless check for speculative decoding: under greedy decoding its output must equal the baseline's.
+
+Every config generates the same N prompts greedily to a fixed length, one request at a time (batching can change
+floating-point reductions and so greedy choices, which would blame speculation for the batch). Completions are
+compared as token ids (the server's tokenization of each completion): exact-match rate and, per prompt, the first
+position where they differ.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from servesweep.correctness.humaneval import all_problems, ordered_task_ids
+
+# Option and flag names that switch a speculative method on, across engines.
+_SPECULATIVE_OPTIONS = {"spec_type", "draft_model", "speculative_algorithm", "speculative_config",
+                        "speculative_draft_model"}
+# a tuple, not a set: option values may be unhashable (vLLM's speculative_config is a mapping)
+_OFF = (None, False, "", "none", "None", 0)
+
+
+def is_speculative(server_config: dict) -> bool:
+    """Whether a config decodes speculatively: its ``labels.speculative`` says so, or an option or flag turns it on."""
+    if server_config.get("labels", {}).get("speculative") not in _OFF:
+        return True
+    options = server_config.get("options", {})
+    if any(options.get(key) not in _OFF for key in _SPECULATIVE_OPTIONS):
+        return True
+    flags = ("--spec", "--draft", "--model-draft")
+    return any(str(arg).startswith(flags) for arg in server_config.get("extra_args", []))
+
+
+def lossless_prompts(n: int) -> list[tuple[str, str]]:
+    """(id, text) of the N prompts: HumanEval prompts, whose repeated identifiers give n-gram drafts work to do."""
+    problems = all_problems()
+    return [(t, problems[t]["prompt"]) for t in ordered_task_ids()[:n]]
+
+
+async def generate(complete: Callable[[str], Awaitable[dict]], tokenize: Callable[[str], Awaitable[list[int]]],
+                   n_prompts: int) -> list[dict]:
+    """Greedy fixed-length completions of the N prompts with their token ids, one request at a time."""
+    records = []
+    for index, (prompt_id, prompt) in enumerate(lossless_prompts(n_prompts)):
+        record = {"index": index, "prompt_id": prompt_id, "text": None, "token_ids": None, "error": None}
+        try:
+            out = await complete(prompt)
+            record.update(out)
+            record["token_ids"] = await tokenize(out["text"])
+        except Exception as exc:  # one failed prompt is recorded and counted as a mismatch, not fatal
+            record["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        records.append(record)
+    return records
+
+
+def first_divergence(a: list, b: list) -> int | None:
+    """Index of the first position where ``a`` and ``b`` differ (a length difference counts); None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(baseline: list[dict], candidate: list[dict]) -> dict:
+    """Exact-match rate of the candidate's completions against the baseline's and where each first diverges."""
+    by_index = {r["index"]: r for r in candidate}
+    per_prompt = []
+    for base in baseline:
+        cand = by_index.get(base["index"])
+        if cand is None or cand.get("error") or base.get("error"):
+            per_prompt.append({"prompt_id": base["prompt_id"], "match": False, "first_divergence": None,
+                               "error": (cand or {}).get("error") or base.get("error") or "missing"})
+            continue
+        a = base["token_ids"] if base.get("token_ids") is not None else list(base["text"])
+        b = cand["token_ids"] if cand.get("token_ids") is not None else list(cand["text"])
+        pos = first_divergence(a, b)
+        per_prompt.append({"prompt_id": base["prompt_id"], "match": pos is None, "first_divergence": pos,
+                           "error": None})
+    matches = sum(p["match"] for p in per_prompt)
+    positions = [p["first_divergence"] for p in per_prompt if p["first_divergence"] is not None]
+    return {"prompts": len(per_prompt), "exact_matches": matches,
+            "exact_match_rate": matches / len(per_prompt) if per_prompt else None,
+            "first_divergence": min(positions) if positions else None,
+            "errors": sum(p["error"] is not None for p in per_prompt), "per_prompt": per_prompt}
+
+
+def read_greedy(path: str | Path) -> list[dict]:
+    """The records of one config's greedy.jsonl (empty when the check was skipped)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,76 @@
+"""vLLM engine: argv for every key, refusals, log parsing and accept length from differenced /metrics."""
+import time
+from pathlib import Path
+
+from servesweep.config import ServerConfig
+from servesweep.engines import get_engine
+from servesweep.engines.vllm import build_argv
+
+ENGINE = get_engine("vllm")
+
+
+def _config(options, gpus=8, **model):
+    return {"models": {"m": {"source": {"local": "/m"}, "format": "hf", "load_format": "auto", **model}},
+            "host": {"gpus": gpus}, "server_configs": {"c": {"engine": "vllm", "model": "m", "options": options}}}
+
+
+def _problems(options, gpus=8):
+    cfg = _config(options, gpus)
+    return ENGINE.config_problems("c", cfg["server_configs"]["c"], cfg["models"]["m"], cfg)
+
+
+def test_argv_every_key():
+    opts = {"tp": 8, "pp": 1, "dp": 1, "enable_expert_parallel": True,
+            "speculative_config": {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3},
+            "gpu_memory_utilization": 0.9, "max_model_len": 16384, "max_num_seqs": 128, "enforce_eager": True,
+            "trust_remote_code": True}
+    assert build_argv(opts) == [
+        "--tensor-parallel-size", "8", "--pipeline-parallel-size", "1", "--data-parallel-size", "1",
+        "--enable-expert-parallel", "--speculative-config",
+        '{"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}', "--gpu-memory-utilization", "0.9",
+        "--max-model-len", "16384", "--max-num-seqs", "128", "--enforce-eager", "--trust-remote-code"]
+
+
+def test_launch_with_dummy_weights():
+    sc = ServerConfig.from_config("c", _config({"tp": 2}, load_format="dummy"))
+    spec = ENGINE.launch(sc, Path("/models/k"), 8001, {"executable": "/bin/vllm"})
+    assert spec.argv == ["/bin/vllm", "serve", "/models/k", "--served-model-name", "m", "--host", "127.0.0.1",
+                         "--port", "8001", "--load-format", "dummy", "--tensor-parallel-size", "2"]
+
+
+def test_refusals():
+    assert any(k.endswith("options.pp") for k, _, _ in _problems({"pp": 2, "speculative_config": {"method": "ngram"}}))
+    assert any("needs 16 GPUs" in w for _, w, _ in _problems({"tp": 8, "pp": 2}))
+    assert any(k.endswith("options.speculative_config") for k, _, _ in _problems({"speculative_config": "eagle"}))
+    assert any(k.endswith("options.ep") for k, _, _ in _problems({"ep": 8}))
+    assert _problems({"tp": 8, "enable_expert_parallel": True}) == []
+    assert ENGINE.world_size({"tp": 4, "dp": 2}) == 8
+
+
+METRICS = """# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {tokens}
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}
+"""
+
+
+def test_accept_length_from_differenced_metrics():
+    before = METRICS.format(drafts=100, tokens=300, accepted=150)
+    after = METRICS.format(drafts=300, tokens=900, accepted=550)
+    m = ENGINE.cell_metrics([], before, after, [])
+    assert m["accept_length"] == 1 + 400 / 200 and m["accept_rate"] == 400 / 600
+    assert m["accept_length_source"] == "metrics"
+    assert "accept_length" not in ENGINE.cell_metrics([], after, after, [])
+
+
+def test_log_stats_and_failures():
+    log = ("INFO 11-29 13:57:14 [loggers.py:123] Engine 000: Avg prompt throughput: 10.0 tokens/s, Avg generation "
+           "throughput: 900.0 tokens/s, Running: 64 reqs, Waiting: 3 reqs, GPU KV cache usage: 1.2%\n"
+           "ERROR 11-29 13:57:15 [core.py:1] torch.OutOfMemoryError: CUDA out of memory.\nunrelated line\n")
+    ev = ENGINE.parse_log(log)
+    assert [e.kind for e in ev] == ["stats", "failure"]
+    assert time.localtime(ev[0].t).tm_hour == 13
+    m = ENGINE.cell_metrics(ev, None, None, [])
+    assert m["max_running_req"] == 64 and m["max_queue_req"] == 3 and m["failures"] == 1

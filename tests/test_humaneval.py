@@ -1,0 +1,91 @@
+"""HumanEval problems from the bundled data, scored in the sandbox with a fake completion source."""
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from servesweep.config import SCHEMA_PATH
+from servesweep.correctness import humaneval
+from servesweep.correctness.extract import extract
+from servesweep.correctness.job import CorrectnessOutputs, CorrectnessSettings, run_correctness, skip_reason
+from servesweep.correctness.sandbox import Limits
+
+
+def test_all_164_problems_load_with_prompt_tests_and_entry_point():
+    problems = humaneval.all_problems()
+    assert len(problems) == 164
+    for p in problems.values():
+        assert p["entry_point"] in p["prompt"] and "def check(candidate)" in p["test"]
+
+
+def test_default_selection_is_the_fixed_five_and_counts_extend_it():
+    assert [p["task_id"] for p in humaneval.select_problems(5)] == list(humaneval.DEFAULT_TASKS)
+    assert [p["task_id"] for p in humaneval.select_problems(7)][:5] == list(humaneval.DEFAULT_TASKS)
+    assert len({p["task_id"] for p in humaneval.select_problems(164)}) == 164
+    assert [p["task_id"] for p in humaneval.select_problems(["HumanEval/0", "HumanEval/163"])] == [
+        "HumanEval/0", "HumanEval/163"]
+
+
+@pytest.mark.parametrize("selection", [0, 165, ["HumanEval/164"], ["HumanEval/1", "nope"]])
+def test_bad_selection_names_the_key(selection):
+    with pytest.raises(ValueError, match="correctness.coding_eval.problems"):
+        humaneval.select_problems(selection)
+
+
+def fake_source(answers: dict[str, str]):
+    async def complete(prompt: str) -> dict:
+        task = next(t for t, p in humaneval.all_problems().items() if p["prompt"] == prompt)
+        return {"text": answers[task], "finish_reason": "stop"}
+    return complete
+
+
+def test_scoring_gives_each_outcome_and_pass_at_1():
+    problems = humaneval.select_problems(5)
+    canonical = {p["task_id"]: p["canonical_solution"] for p in problems}
+    answers = dict(canonical)
+    answers["HumanEval/23"] = "    return 0\n"  # strlen, wrong
+    answers["HumanEval/28"] = "```python\ndef concatenate(strings):\n    return undefined_name\n```"
+    answers["HumanEval/45"] = "    while True:\n        pass\n"
+    answers["HumanEval/53"] = "Sure:\n```python\ndef add(x: int, y: int):\n    return x + y\n```\nDone."
+    completions = asyncio.run(humaneval.generate(fake_source(answers), problems))
+    scored = humaneval.score(problems, completions, Limits(timeout_s=2, cpu_s=2))
+    outcomes = {r["task_id"]: r["outcome"] for r in scored["results"]}
+    assert outcomes == {"HumanEval/2": "passed", "HumanEval/23": "failed", "HumanEval/28": "error",
+                        "HumanEval/45": "timeout", "HumanEval/53": "passed"}
+    assert scored["passed"] == 2 and scored["total"] == 5 and scored["pass_at_1"] == pytest.approx(0.4)
+    assert scored["outcomes"] == {"passed": 2, "failed": 1, "error": 1, "timeout": 1}
+    assert "network" in scored["sandbox"]
+
+
+def test_every_canonical_solution_survives_extraction():
+    # in-process (the canonical solutions are trusted), so all 164 stay fast; the sandbox path is covered above
+    for p in humaneval.select_problems(164):
+        program = extract(p["canonical_solution"], p["prompt"], p["entry_point"]).program + "\n" + p["test"]
+        namespace: dict = {}
+        exec(compile(program, p["task_id"], "exec"), namespace)
+        namespace["check"](namespace[p["entry_point"]])
+
+
+def test_settings_defaults_match_the_schema():
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["correctness"]["properties"]
+    defaults = CorrectnessSettings.from_config({})
+    assert defaults.enabled == schema["enabled"]["default"]
+    coding, check = schema["coding_eval"]["properties"], schema["lossless"]["properties"]
+    assert (defaults.problems, defaults.max_tokens, defaults.timeout_s) == (
+        coding["problems"]["default"], coding["max_tokens"]["default"], coding["timeout_s"]["default"])
+    assert (defaults.lossless_prompts, defaults.lossless_output_tokens) == (
+        check["prompts"]["default"], check["output_tokens"]["default"])
+
+
+def test_dummy_weights_and_disabled_checks_are_skipped_with_a_reason(tmp_path):
+    sc = SimpleNamespace(name="dummy-cfg", model_name="big", model={"load_format": "dummy"})
+    assert "load_format: dummy" in skip_reason(sc, CorrectnessSettings())
+    assert skip_reason(SimpleNamespace(model={}), CorrectnessSettings(enabled=False)) == "correctness.enabled is false"
+    outputs = CorrectnessOutputs(tmp_path / "coding_eval.json", tmp_path / "greedy.jsonl")
+    # no server is touched: server and engine are never used on the skip path
+    summary = run_correctness(None, None, sc, {}, outputs, log=open("/dev/null", "w"))
+    assert "dummy" in summary["skipped"]
+    assert "dummy" in json.loads(outputs.coding_eval_json.read_text())["skipped"]
+    assert outputs.greedy_jsonl.read_text() == ""

@@ -1,0 +1,158 @@
+"""The sandbox contains what model-written code can do wrong, and reports it: run for real, as in the pipeline."""
+import os
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from servesweep.correctness.sandbox import SANDBOX_UID, Limits, run_program, run_tests
+
+QUICK = Limits(timeout_s=2, cpu_s=5)
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid switch, read-only mounts and RLIMIT_NPROC need root")
+CHECK = "\n\ndef check(candidate):\n    assert candidate(2) == 4\n"
+
+
+def sandbox_processes() -> list[int]:
+    """PIDs on this host that run as the sandbox uid."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == SANDBOX_UID:
+                    pids.append(int(entry.name))
+            except FileNotFoundError:
+                continue
+    return pids
+
+
+def test_passing_and_failing_tests_are_told_apart():
+    assert run_tests("def double(x):\n    return 2 * x\n" + CHECK, "double", QUICK)["outcome"] == "passed"
+    failed = run_tests("def double(x):\n    return x + 1\n" + CHECK, "double", QUICK)
+    assert failed["outcome"] == "failed" and "AssertionError" in failed["detail"]
+    error = run_tests("def double(x):\n    return y\n" + CHECK, "double", QUICK)
+    assert error["outcome"] == "error" and "NameError" in error["detail"]
+
+
+def test_exiting_early_does_not_pass():
+    result = run_tests("import sys\nsys.exit(0)\ndef double(x):\n    return 2 * x\n" + CHECK, "double", QUICK)
+    assert result["outcome"] == "error"
+    result = run_tests("import os\nos._exit(0)\n" + CHECK, "double", QUICK)
+    assert result["outcome"] == "error"
+
+
+def test_infinite_loop_is_killed_at_the_wall_clock():
+    result = run_tests("def double(x):\n    while True:\n        pass\n" + CHECK, "double", QUICK)
+    assert result["outcome"] == "timeout" and result["duration_s"] < 8
+
+
+def test_sleeping_program_is_killed_although_it_uses_no_cpu():
+    result = run_tests("import time\ntime.sleep(60)\n" + CHECK, "double", QUICK)
+    assert result["outcome"] == "timeout" and result["duration_s"] < 8
+
+
+def test_cpu_limit_stops_a_busy_program_before_a_long_wall_clock():
+    result = run_tests("while True:\n    pass\n", "double", Limits(timeout_s=60, cpu_s=1))
+    assert result["outcome"] == "timeout" and result["detail"].startswith("CPU-time limit")
+
+
+def test_memory_bomb_hits_the_address_space_limit():
+    bomb = "blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))\n"
+    result = run_tests(bomb + CHECK, "double", Limits(timeout_s=10, cpu_s=10, address_space_bytes=512 << 20))
+    assert result["outcome"] == "error" and "MemoryError" in result["detail"]
+
+
+@as_root
+def test_fork_bomb_is_refused_and_leaves_no_process_behind():
+    counting = textwrap.dedent("""
+        import os, time
+        refused = 0
+        for _ in range(200):
+            try:
+                if os.fork() == 0:
+                    time.sleep(120)
+                    os._exit(0)
+            except OSError:
+                refused += 1
+        print("refused", refused)
+    """)
+    result = run_program(counting, QUICK)
+    assert result.returncode == 0 and not result.timed_out
+    assert int(result.stdout.split()[-1]) >= 200 - QUICK.processes
+    # the sleeping children died with the program's PID namespace
+    assert sandbox_processes() == []
+
+
+@as_root
+def test_classic_fork_bomb_times_out_and_is_cleaned_up():
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    result = run_tests(bomb, "double", QUICK)
+    assert result["outcome"] == "timeout"
+    assert sandbox_processes() == []
+
+
+@as_root
+def test_writes_outside_the_temp_dir_are_refused(tmp_path):
+    targets = [tmp_path / "escaped.txt", Path("/tmp") / f"servesweep-escape-{os.getpid()}",
+               Path("/dev/shm") / f"servesweep-escape-{os.getpid()}", Path.cwd() / "escaped.txt"]
+    tmp_path.chmod(0o777)  # even a world-writable directory must stay untouched
+    program = textwrap.dedent(f"""
+        outcomes = []
+        for target in {[str(t) for t in targets]!r}:
+            try:
+                with open(target, "w") as fh:
+                    fh.write("escaped")
+                outcomes.append("written")
+            except OSError as exc:
+                outcomes.append(type(exc).__name__ + ": " + exc.strerror)
+        with open("inside.txt", "w") as fh:
+            fh.write("fine")
+        print(open("inside.txt").read())
+        print(outcomes)
+        open({str(targets[1])!r}, "w")
+    """)
+    result = run_tests(program + CHECK, "double", QUICK)
+    assert result["outcome"] == "error" and "Read-only file system" in result["detail"]
+    assert not any(t.exists() for t in targets)
+    raw = run_program(program, QUICK)
+    assert raw.stdout.startswith("fine") and "written" not in raw.stdout
+    assert raw.isolation["filesystem"].startswith("read-only")
+
+
+def test_outbound_socket_cannot_reach_a_listener_on_this_host():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')\n"
+        result = run_tests(program + CHECK, "double", QUICK)
+        if not result["isolation"]["network"].startswith("isolated"):
+            pytest.skip(f"this kernel refused a network namespace: {result['isolation']['network']}")
+        assert result["outcome"] == "error" and "Network is unreachable" in result["detail"]
+        with pytest.raises(socket.timeout):
+            listener.accept()
+
+
+def test_outbound_socket_to_the_internet_is_refused():
+    program = "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\n"
+    result = run_tests(program + CHECK, "double", QUICK)
+    if not result["isolation"]["network"].startswith("isolated"):
+        pytest.skip(f"this kernel refused a network namespace: {result['isolation']['network']}")
+    assert result["outcome"] == "error" and "Network is unreachable" in result["detail"]
+
+
+def test_environment_is_scrubbed_and_cwd_is_a_fresh_temp_dir(monkeypatch):
+    monkeypatch.setenv("SERVESWEEP_SECRET_TOKEN", "do-not-leak")
+    result = run_program("import os\nprint(sorted(os.environ))\nprint(os.getcwd())\nprint(os.listdir('.'))\n", QUICK)
+    env_keys, cwd, listing = result.stdout.strip().splitlines()
+    assert "SERVESWEEP_SECRET_TOKEN" not in env_keys and "do-not-leak" not in result.stdout
+    assert "servesweep-sandbox-" in cwd and listing == "['program.py']"
+    assert not Path(cwd).exists()
+
+
+@as_root
+def test_program_runs_as_the_unprivileged_uid():
+    result = run_program("import os\nprint(os.getuid(), os.geteuid())\n", QUICK)
+    assert result.stdout.split() == [str(SANDBOX_UID)] * 2
+    assert result.isolation["uid"] == SANDBOX_UID and result.isolation["process_limit_binding"]
