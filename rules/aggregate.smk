@@ -8,6 +8,8 @@ rule aggregate_tables:
         throughput_md="results/tables/throughput.md",
         speedup=report("results/tables/speedup.csv", category="Tables"),
         speedup_md="results/tables/speedup.md",
+        energy=report("results/tables/energy.csv", category="Tables"),
+        energy_md="results/tables/energy.md",
     params:
         baseline=BASELINE,
     log:

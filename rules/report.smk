@@ -26,6 +26,7 @@ rule write_findings:
         throughput="results/tables/throughput.md",
         speedup="results/tables/speedup.csv",
         speedup_md="results/tables/speedup.md",
+        energy_md="results/tables/energy.md",
         correctness="results/tables/correctness.csv",
         correctness_md="results/tables/correctness.md",
         meta=get_run_outputs("meta.json"),

@@ -72,6 +72,7 @@ def _mean_rows(rows: list[dict]) -> dict:
         out[key] = statistics.fmean(vals) if vals else math.nan
     m, hw = stats_mod.mean_ci95([r["agg_output_tok_s"] for r in rows if "agg_output_tok_s" in r])
     out["agg_output_tok_s"], out["agg_output_tok_s_ci95"] = m, hw
+    out["client_bound"] = any(r.get("client_bound", False) for r in rows)  # a bool, so not averaged above
     out["requests"] = sum(r["requests"] for r in rows)
     out["errors"] = sum(r["errors"] for r in rows)
     out["cell_start"], out["cell_end"] = rows[0]["cell_start"], rows[-1]["cell_end"]

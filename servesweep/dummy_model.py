@@ -188,9 +188,9 @@ def write_model_dir(out: Path, shape: Shape, corpus: list[Path] | None = None, c
         write_random_weights(out)
     total, active = parameter_count(shape)
     kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2  # K and V, bf16
-    architecture = {"parameters_b": round(total / 1e9, 3), "weight_bits": 16, "kv_bytes_per_token": kv_bytes}
+    architecture = {"parameters_b": float(f"{total / 1e9:.4g}"), "weight_bits": 16, "kv_bytes_per_token": kv_bytes}
     if shape.experts:
-        architecture["active_parameters_b"] = round(active / 1e9, 3)
+        architecture["active_parameters_b"] = float(f"{active / 1e9:.4g}")
     return {"path": str(out), "architecture": architecture, "tokenizer_vocab": tok.get_vocab_size(),
             "tokenizer_s": round(tokenizer_s, 1), "weights": weights}
 

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -456,14 +457,17 @@ print(json.dumps(out))
 
 def probe_python_stack(python: str, smoke: bool, timeout_s: float = 600) -> dict:
     """torch, Triton (+ a smoke compile), FlashInfer, flash_attn, SGLang and vLLM as seen by ``python``."""
-    try:
-        proc = subprocess.run([python, "-c", _STACK_PROBE.replace("SMOKE", str(bool(smoke)), 1)],
-                              capture_output=True, text=True, timeout=timeout_s)
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as exc:
-        error = {"error": f"probe in {python} failed: {type(exc).__name__}"}
-        return {"python": python, **{m: dict(error) for m in ("triton", "flash_attn", "sglang", "vllm", "torch",
-                                                                "flashinfer")}}
+    # Triton's @jit reads the kernel's source, so the probe runs from a file rather than `python -c`.
+    with tempfile.TemporaryDirectory(prefix="servesweep-probe-") as tmp:
+        script = Path(tmp) / "stack_probe.py"
+        script.write_text(_STACK_PROBE.replace("SMOKE", str(bool(smoke)), 1))
+        try:
+            proc = subprocess.run([python, str(script)], capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+        except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as exc:
+            error = {"error": f"probe in {python} failed: {type(exc).__name__}"}
+    return {"python": python, **{m: dict(error) for m in ("triton", "flash_attn", "sglang", "vllm", "torch",
+                                                            "flashinfer")}}
 
 
 def probe_engines(prepared: dict, stack: dict) -> dict:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
+
 # A drop larger than this from one concurrency to the next is reported as an anomaly, not noise.
 THROUGHPUT_DROP_FRACTION = 0.05
-# Client event-loop lag (p99) above this means the client, not the server, may have set the pace.
-CLIENT_LAG_P99_MS = 20.0
 # A config "pays" against the baseline only when it is at least this much faster: smaller gaps are run-to-run noise.
 PAY_MARGIN = 0.03
 
@@ -67,11 +67,11 @@ def anomalies(cells: pd.DataFrame) -> list[str]:
                            f"C={prev.concurrency} to {r.agg_output_tok_s:.1f} at C={r.concurrency} — the server is "
                            "saturated (queueing or contention), more concurrency only adds latency.")
             prev = r
-    if "loop_lag_p99_ms" in cells:
-        for r in cells[cells["loop_lag_p99_ms"] > CLIENT_LAG_P99_MS].itertuples():
-            out.append(f"- `{r.config}` ctx={r.ctx} C={r.concurrency}: client event-loop lag p99 "
-                       f"{r.loop_lag_p99_ms:.1f} ms > {CLIENT_LAG_P99_MS:.0f} ms — the client may have limited this "
-                       "cell; do not read it as the server's speed.")
+    if "client_bound" in cells:
+        for r in cells[cells["client_bound"].fillna(False).astype(bool)].itertuples():
+            out.append(f"- `{r.config}` ctx={r.ctx} C={r.concurrency}: client-bound — client event-loop lag p99 "
+                       f"{r.loop_lag_p99_ms:.1f} ms > {CLIENT_BOUND_LAG_P99_MS:.0f} ms, so the client limited this "
+                       "cell; its throughput is the client's, not the server's speed.")
     if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
         off = cells[(cells["prompt_tokens_per_request"] - cells["requested_prompt_tokens"]).abs() > 2]
         for r in off.itertuples():
@@ -129,6 +129,35 @@ def setup_section(metas: list[dict]) -> list[str]:
         labels = ", ".join(f"{k}={v}" for k, v in (m.get("labels") or {}).items())
         lines.append(f"| `{m['config']}` | {m['engine']} | {m.get('engine_version') or '–'} | {m['model']} "
                      f"| {labels} | {_fmt(m.get('ready_s'))} s | {m.get('status')} |")
+    return lines
+
+
+def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
+    """Per cell: the bottleneck verdict with the numbers behind it, J per output token and % of the decode ceiling;
+    then the energy table. Reads the telemetry, diagnosis and roofline columns of the aggregated cells."""
+    lines = ["## Power, energy and bottleneck", ""]
+    if "bottleneck" not in cells:
+        return lines + ["No telemetry columns in these cells.", ""]
+    for cfg, g in cells.groupby("config"):
+        note = g["roofline_note"].iloc[0] if "roofline_note" in g else "not computed"
+        if "gpu_j_per_output_token" in g and g["gpu_j_per_output_token"].notna().any():
+            best = g.loc[g["gpu_j_per_output_token"].idxmin()]
+            energy = (f"lowest energy per token {best['gpu_j_per_output_token']:.3f} J "
+                      f"({best['output_tokens_per_gpu_j']:.1f} tokens/J) at ctx={best['ctx']}, "
+                      f"C={best['concurrency']}")
+        else:
+            energy = f"no GPU energy ({g['gpu_telemetry'].iloc[0] if 'gpu_telemetry' in g else 'no telemetry'})"
+        lines += [f"`{cfg}`: {energy}. Decode ceiling: {note}.", ""]
+        for r in g.sort_values(["ctx", "concurrency"]).to_dict("records"):
+            ceiling = (f"; {r['pct_of_ceiling']:.1f} % of the {r['decode_ceiling_tok_s']:,.0f} tok/s decode ceiling"
+                       if pd.notna(r.get("pct_of_ceiling")) else "")
+            per_token = (f"; {r['gpu_j_per_output_token']:.3f} J/token"
+                         if pd.notna(r.get("gpu_j_per_output_token")) else "")
+            lines.append(f"- ctx={r['ctx']} C={r['concurrency']}: **{r['bottleneck']}** — {r['bottleneck_basis']}"
+                         f"{per_token}{ceiling}.")
+        lines.append("")
+    lines += ["Energy is the GPU energy counter's change over each cell (warm-up requests included), summed over the "
+              "config's GPUs; thresholds and columns are documented in docs/telemetry.md.", "", energy_md, ""]
     return lines
 
 
@@ -211,6 +240,7 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     if warnings:
         lines += ["Configuration warnings:", ""] + warnings + [""]
     lines += correctness_section(pd.read_csv(inputs.correctness), Path(inputs.correctness_md).read_text(), baseline)
+    lines += power_energy_section(cells, Path(inputs.energy_md).read_text())
 
     lines += ["## Tables", "", "### Throughput", "", Path(inputs.throughput).read_text(), "",
               f"### Speedup over `{baseline}`", "", Path(inputs.speedup_md).read_text(), ""]

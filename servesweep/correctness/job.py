@@ -64,7 +64,8 @@ async def _generate(server, engine, sc, settings: CorrectnessSettings, problems:
     timeout = aiohttp.ClientTimeout(total=sc.request_timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         async def coding(prompt: str) -> dict:
-            return await complete(session, server.base_url, sc.served_name, prompt, settings.max_tokens)
+            return await complete(session, server.base_url, sc.served_name, prompt, settings.max_tokens,
+                                  {"stop": humaneval.STOP})
 
         async def fixed_length(prompt: str) -> dict:
             return await complete(session, server.base_url, sc.served_name, prompt, settings.lossless_output_tokens,

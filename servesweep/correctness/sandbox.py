@@ -11,7 +11,7 @@ How each confinement is achieved (``confine.py`` does the privileged part before
   :attr:`SandboxResult.isolation` and the report repeats it.
 - **writes outside the temp dir**: when run as root (as here and in CI), a private mount namespace in which every
   mount is re-mounted read-only except a bind of the work dir onto itself, *and* a switch to an unprivileged uid
-  (:data:`SANDBOX_UID`) so that the program cannot undo the mounts. Only the uid switch would leave world-writable
+  (:func:`sandbox_uid`) so that the program cannot undo the mounts. Only the uid switch would leave world-writable
   places (``/tmp``, ``/dev/shm``) open; only the mounts would leave root free to remount. As a non-root user the
   program keeps that user's permissions, and the isolation facts say so.
 - **fork bombs**: ``RLIMIT_NPROC`` under a uid nothing else uses (root is exempt from it, hence the switch), plus a
@@ -34,8 +34,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# An otherwise unused uid, so that RLIMIT_NPROC counts only the sandbox's own processes.
-SANDBOX_UID = 65533
+# Sandbox uids: one per calling process, in a range nothing else uses, so that RLIMIT_NPROC counts only that
+# sandbox's processes and the clean-up after a run never touches another job's sandbox.
+SANDBOX_UID_BASE = 61000
+SANDBOX_UID_SPAN = 4000
 CONFINE_SCRIPT = Path(__file__).resolve().parent / "confine.py"
 # Exit codes of the test harness, told apart from the program's own crashes.
 EXIT_TESTS_FAILED = 3
@@ -66,6 +68,11 @@ class SandboxResult:
     stdout: str
     stderr: str
     isolation: dict = field(default_factory=dict)
+
+
+def sandbox_uid() -> int:
+    """The unprivileged uid this process's sandboxed programs run as (when started by root)."""
+    return SANDBOX_UID_BASE + os.getpid() % SANDBOX_UID_SPAN
 
 
 def scrubbed_env(workdir: Path) -> dict[str, str]:
@@ -104,12 +111,14 @@ def _tail(path: Path) -> str:
         return fh.read().decode(errors="replace")
 
 
-def _sandbox_uid_processes() -> list[int]:
+def sandbox_processes() -> list[int]:
+    """PIDs on this host that run as this process's sandbox uid."""
+    uid = sandbox_uid()
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid == SANDBOX_UID:
+                if entry.stat().st_uid == uid:
                     pids.append(int(entry.name))
             except FileNotFoundError:
                 continue
@@ -119,7 +128,7 @@ def _sandbox_uid_processes() -> list[int]:
 def _wait_for_sandbox_uid_to_empty(deadline_s: float = 5.0) -> None:
     """Return once no process runs as the sandbox uid; the PID namespace's teardown is asynchronous."""
     end = time.monotonic() + deadline_s
-    while (pids := _sandbox_uid_processes()) and time.monotonic() < end:
+    while (pids := sandbox_processes()) and time.monotonic() < end:
         for pid in pids:  # only this sandbox runs as this uid: whatever is left is the program's
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -136,11 +145,11 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
         workdir = root / "work"
         workdir.mkdir()
         if os.geteuid() == 0:
-            os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
+            os.chown(workdir, sandbox_uid(), sandbox_uid())
         (workdir / "program.py").write_text(source)
         prefix, python_mount = _interpreter(root)
         settings = {
-            "workdir": str(workdir), "uid": SANDBOX_UID, "python_mount": python_mount,
+            "workdir": str(workdir), "uid": sandbox_uid(), "python_mount": python_mount,
             "argv": [*prefix, "program.py"], "env": scrubbed_env(workdir),
             "limits": {"cpu_s": limits.cpu_s, "address_space_bytes": limits.address_space_bytes,
                        "file_size_bytes": limits.file_size_bytes, "open_files": limits.open_files,

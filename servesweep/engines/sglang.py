@@ -375,7 +375,8 @@ class SGLangEngine(Engine):
 
     def config_warnings(self, name, sc, model, config):
         opts = sc.get("options", {})
-        if _spec(opts) in DFLASH_FAMILY and "max_running_requests" not in opts:
+        # SGLang's speculative hooks (DFLASH, EAGLE family, NGRAM, ...) all reset an unset limit to 48.
+        if _spec(opts) and "max_running_requests" not in opts:
             return [f"config '{name}': {_spec(opts)} without max_running_requests — SGLang silently caps running "
                     f"requests at {DFLASH_DEFAULT_MAX_RUNNING} ('Max running requests is reset to 48 for speculative "
                     "decoding'); cells above C=48 queue. Set options.max_running_requests."]

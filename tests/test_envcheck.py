@@ -1,0 +1,239 @@
+"""Environment checks: every branch with injected facts, plus one real run on this machine."""
+import copy
+
+import pytest
+
+from servesweep import envcheck
+from servesweep.envcheck import check_host, raise_for_blockers, render_card
+
+SGLANG_8 = {"engines": ["sglang"], "max_gpus": 8, "models": {}}
+SGLANG_1 = {"engines": ["sglang"], "max_gpus": 1, "models": {}}
+CPU_ONLY = {"engines": ["llamacpp"], "max_gpus": 0, "models": {}}
+
+
+def h200_facts(n=8) -> dict:
+    """A healthy 8 × H200 host."""
+    return {
+        "host": "h200-node", "platform": "Linux", "cpu_count": 128,
+        "python": {"version": "3.12.3", "include_dir": "/usr/include/python3.12", "python_h": True},
+        "nvml": {"driver": "570.124.06", "p2p": {f"{i}-{j}": "ok" for i in range(n) for j in range(i + 1, n)},
+                 "gpus": [{"index": i, "name": "NVIDIA H200", "sm": "90", "memory_gib": 139.8, "power_limit_w": 700.0,
+                           "nvlink_active": 18} for i in range(n)]},
+        "cuda_driver": {"version": "12.8", "multicast": {str(i): True for i in range(n)}},
+        "nvcc": {"version": "12.8", "path": "/usr/local/cuda/bin/nvcc"},
+        "stack": {"python": "/usr/bin/python3",
+                  "torch": {"version": "2.8.0", "cuda": "12.8", "cuda_available": True, "arch_list": ["sm_90"]},
+                  "triton": {"version": "3.4.0"}, "triton_smoke": {"ok": True, "seconds": 2.5},
+                  "flashinfer": {"version": "0.4.1", "jit_cache": False, "arch_list_env": None},
+                  "flash_attn": {"version": "2.8.3"}, "sglang": {"version": "0.5.5"}, "vllm": {"version": "0.11.0"}},
+        "engines": {"sglang": {"version": "0.5.5"}, "vllm": {"version": "0.11.0"},
+                    "llamacpp": {"version": "version: 6000 (abc)", "binary": "/x/llama-server"}},
+        "disk": {"path": "/data", "free_bytes": 2 * 10**12, "missing_model_bytes": 0},
+    }
+
+
+def cpu_facts() -> dict:
+    f = h200_facts()
+    f["nvml"] = {"error": "NVMLError_LibraryNotFound"}
+    f["cuda_driver"] = {"error": "libcuda.so.1 missing"}
+    f["nvcc"] = {"error": "nvcc not found"}
+    missing = {"error": "ModuleNotFoundError"}
+    f["stack"] = {"python": "/usr/bin/python3", **{m: dict(missing) for m in
+                                                   ("torch", "triton", "flashinfer", "flash_attn", "sglang", "vllm")}}
+    f["engines"]["sglang"] = dict(missing)
+    f["engines"]["vllm"] = dict(missing)
+    return f
+
+
+def by_name(result) -> dict:
+    return {c["name"]: c for c in result["checks"]}
+
+
+def run(facts, needs=SGLANG_8):
+    return by_name(check_host(needs, [], [], facts=facts))
+
+
+def test_healthy_h200_is_all_ok():
+    checks = run(h200_facts())
+    assert {n: c["status"] for n, c in checks.items()} == {n: "ok" for n in checks}
+    assert "8 × NVIDIA H200 (sm_90, 140 GiB, 700 W)" in checks["gpus"]["detail"]
+    assert checks["gpus"]["facts"]["devices"][0]["sm"] == "90"
+
+
+def test_cpu_host_skips_gpu_checks_with_reasons():
+    checks = run(cpu_facts(), CPU_ONLY)
+    for name in ("gpus", "cuda_versions", "triton_jit", "flashinfer", "flash_attn", "nvlink_p2p", "nvls_multicast",
+                 "engine_sglang", "engine_vllm"):
+        assert checks[name]["status"] == "skipped", name
+        assert checks[name]["detail"], name
+    assert checks["engine_llamacpp"]["status"] == "ok"
+    assert not any(c["blocks"] for c in checks.values())
+
+
+def test_python_headers_missing_blocks_only_gpu_engines():
+    f = h200_facts()
+    f["python"]["python_h"] = False
+    blocked = run(f)["python_headers"]
+    assert blocked["status"] == "fail" and blocked["blocks"] and "python3-dev" in blocked["fix"]
+    relaxed = run(f, CPU_ONLY)["python_headers"]
+    assert relaxed["status"] == "warn" and not relaxed["blocks"]
+
+
+@pytest.mark.parametrize("needs, status, blocks", [(SGLANG_8, "ok", False), ({**SGLANG_8, "max_gpus": 16}, "fail", True),
+                                                   (CPU_ONLY, "ok", False)])
+def test_gpu_count(needs, status, blocks):
+    c = run(h200_facts(), needs)["gpus"]
+    assert (c["status"], c["blocks"]) == (status, blocks)
+
+
+def test_no_gpu_when_a_config_needs_one():
+    c = run(cpu_facts(), SGLANG_1)["gpus"]
+    assert c["status"] == "fail" and c["blocks"] and "NVIDIA GPUs" in c["fix"]
+
+
+@pytest.mark.parametrize("driver, nvcc, torch_cuda, status, words", [
+    ("12.8", "12.8", "12.8", "ok", ""),
+    ("12.2", "12.2", "12.4", "warn", "torch's CUDA 12.4 is newer"),
+    ("12.4", "13.0", "12.4", "fail", "newer major"),
+    ("13.0", "13.0", "12.8", "fail", "differ in major"),
+    ("12.8", None, "12.8", "warn", "no nvcc"),
+])
+def test_cuda_versions(driver, nvcc, torch_cuda, status, words):
+    f = h200_facts()
+    f["cuda_driver"]["version"] = driver
+    f["nvcc"] = {"version": nvcc} if nvcc else {"error": "nvcc not found"}
+    f["stack"]["torch"]["cuda"] = torch_cuda
+    c = run(f)["cuda_versions"]
+    assert c["status"] == status and words in c["detail"]
+    assert c["blocks"] == (status == "fail")
+
+
+def test_triton_smoke_failure_names_python_dev():
+    f = h200_facts()
+    f["stack"]["triton_smoke"] = {"ok": False, "error": "CalledProcessError: main.c:5:10: fatal error: Python.h: "
+                                                        "No such file or directory"}
+    c = run(f)["triton_jit"]
+    assert c["status"] == "fail" and c["blocks"] and "python3-dev" in c["fix"]
+    f["stack"]["triton_smoke"] = {"ok": False, "error": "RuntimeError: something else"}
+    assert "reinstall" in run(f)["triton_jit"]["fix"]
+    assert run(f, {"engines": ["llamacpp"], "max_gpus": 1})["triton_jit"]["status"] == "warn"
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda f: f["stack"].update(triton={"error": "ModuleNotFoundError"}), "not importable"),
+    (lambda f: f.update(nvml={"error": "no driver"}), "no GPU"),
+    (lambda f: f["stack"].pop("triton_smoke"), "torch sees no CUDA device"),
+])
+def test_triton_skips(change, reason):
+    f = h200_facts()
+    change(f)
+    c = run(f)["triton_jit"]
+    assert c["status"] == "skipped" and reason in c["detail"]
+
+
+def test_flashinfer_branches():
+    f = h200_facts()
+    f["stack"]["flashinfer"]["arch_list_env"] = "8.0 8.9"
+    c = run(f)["flashinfer"]
+    assert c["status"] == "fail" and c["blocks"] and 'FLASHINFER_CUDA_ARCH_LIST="9.0a"' in c["fix"]
+    f["stack"]["flashinfer"]["arch_list_env"] = "9.0a"
+    assert run(f)["flashinfer"]["status"] == "ok"
+
+    f = h200_facts()
+    f["nvcc"] = {"error": "nvcc not found"}
+    c = run(f)["flashinfer"]
+    assert c["status"] == "fail" and "no nvcc" in c["detail"]
+    f["stack"]["flashinfer"]["jit_cache"] = True
+    assert run(f)["flashinfer"]["status"] == "ok"
+
+    f = h200_facts()
+    f["stack"]["flashinfer"] = {"error": "ModuleNotFoundError"}
+    assert run(f)["flashinfer"]["status"] == "fail"
+    assert run(f, {"engines": ["vllm"], "max_gpus": 1})["flashinfer"]["status"] == "skipped"
+
+    f = h200_facts(1)
+    f["nvml"]["gpus"][0].update(name="RTX PRO 6000", sm="120")
+    assert run(f, SGLANG_1)["flashinfer"]["status"] == "warn"
+
+
+def test_flash_attn_missing_is_a_warning():
+    f = h200_facts()
+    f["stack"]["flash_attn"] = {"error": "ModuleNotFoundError"}
+    c = run(f)["flash_attn"]
+    assert c["status"] == "warn" and not c["blocks"] and "flash-attn" in c["fix"]
+
+
+def test_nvlink_and_p2p():
+    f = h200_facts()
+    f["nvml"]["p2p"]["0-7"] = "status 2"
+    c = run(f)["nvlink_p2p"]
+    assert c["status"] == "fail" and c["blocks"] and "0-7" in c["detail"]
+    assert run(f, SGLANG_1)["nvlink_p2p"]["status"] == "warn"
+
+    f = h200_facts()
+    for g in f["nvml"]["gpus"]:
+        g["nvlink_active"] = 0
+    c = run(f)["nvlink_p2p"]
+    assert c["status"] == "warn" and "PCIe only" in c["detail"]
+    assert run(h200_facts(1), SGLANG_1)["nvlink_p2p"]["status"] == "skipped"
+
+
+def test_multicast_attribute():
+    assert run(h200_facts())["nvls_multicast"]["status"] == "ok"
+    f = h200_facts()
+    f["cuda_driver"]["multicast"]["3"] = False
+    c = run(f)["nvls_multicast"]
+    assert c["status"] == "warn" and "NCCL_NVLS_ENABLE=0" in c["fix"] and "7/8" in c["detail"]
+    assert run(h200_facts(1), SGLANG_1)["nvls_multicast"]["status"] == "skipped"
+
+
+def test_disk():
+    f = h200_facts()
+    f["disk"].update(free_bytes=100 * 10**9, missing_model_bytes=590 * 10**9)
+    c = run(f)["disk"]
+    assert c["status"] == "fail" and c["blocks"] and "590.00 GB" in c["detail"]
+    f["disk"].update(free_bytes=600 * 10**9)
+    assert run(f)["disk"]["status"] == "warn"
+
+
+def test_missing_engine_blocks_only_when_used():
+    f = cpu_facts()
+    c = run(f, SGLANG_1)["engine_sglang"]
+    assert c["status"] == "fail" and c["blocks"] and "engines.sglang" in c["fix"]
+    assert run(f, CPU_ONLY)["engine_sglang"]["status"] == "skipped"
+
+
+def test_blockers_raise_with_fix_and_card_marks_them():
+    f = h200_facts()
+    f["python"]["python_h"] = False
+    result = check_host(SGLANG_8, [], [], facts=copy.deepcopy(f))
+    with pytest.raises(RuntimeError, match="python_headers: .*fix: apt-get install python3-dev"):
+        raise_for_blockers(result)
+    card = render_card(result)
+    assert "| python_headers | **fail** (blocks) |" in card and "sglang with up to 8 GPUs" in card
+
+
+def test_disk_probe_counts_missing_models(tmp_path):
+    needs = {"models": {"big": {"architecture": {"parameters_b": 2.0, "weight_bits": 8}}}}
+    manifests = [{"model": "here", "path": str(tmp_path), "files": [{"size": 10}]},
+                 {"model": "gone", "path": str(tmp_path / "nope"), "files": [{"size": 7}]}]
+    disk = envcheck.probe_disk(tmp_path, needs, manifests)
+    assert disk["missing_model_bytes"] == 7 + 2 * 10**9 and disk["free_bytes"] > 0
+
+
+def test_real_run_on_this_machine(tmp_path):
+    """Every probe runs for real; on a host without GPUs or engines the checks skip with reasons."""
+    result = check_host(CPU_ONLY, [], [], root=tmp_path)
+    checks = by_name(result)
+    assert set(checks) >= {"python_headers", "gpus", "cuda_versions", "triton_jit", "flashinfer", "flash_attn",
+                           "nvlink_p2p", "nvls_multicast", "disk", "engine_llamacpp", "engine_sglang", "engine_vllm"}
+    for c in checks.values():
+        assert c["status"] in ("ok", "warn", "fail", "skipped") and c["detail"]
+        assert c["status"] != "skipped" or c["detail"]
+    assert render_card(result).count("\n| ") == len(checks) + 1
+
+
+def test_main_prints_the_card(capsys, tmp_path):
+    assert envcheck.main(["--card", "--root", str(tmp_path), "--json", str(tmp_path / "env.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("### Host") and "| gpus |" in out and (tmp_path / "env.json").exists()
