@@ -150,14 +150,18 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                                 label=f"{sc.name} ctx={ctx} C={conc}")
                 metrics_before = await _scrape(session, base, engine.metrics_path)
                 cell_id = f"ctx{ctx}_c{conc}_r{rep}"
+                # Log lines are stamped to the second while a cell can last about as long, so a time window would
+                # take in the neighbouring cells' lines: the cell's lines are the ones appended while it ran.
+                log_from = server.log_path.stat().st_size
                 t_begin = now()
                 telemetry.cell_begin(cell_id)
                 records, client = await run_load(spec)
                 tele = telemetry.cell_end(cell_id)
                 t_end = now()
                 metrics_after = await _scrape(session, base, engine.metrics_path)
-                events = [e for e in engine.parse_log(server.log_path.read_text(errors="replace"))
-                          if e.t is None or t_begin - 1 <= e.t <= t_end + 1]
+                with open(server.log_path, "rb") as fh:
+                    fh.seek(log_from)
+                    events = engine.parse_log(fh.read().decode(errors="replace"))
                 for r in records:
                     r.update(config=sc.name, ctx=ctx, concurrency=conc, repeat=rep)
                 writer.add_requests(records)

@@ -82,7 +82,7 @@ def anomalies(cells: pd.DataFrame) -> list[str]:
 
 def engine_metric_findings(cells: pd.DataFrame) -> list[str]:
     """What the engine columns of the cells table mean for each config: graph coverage, failures, accept length
-    against speedup, and SGLang's silent 48-request cap for DFlash-family speculative decoding."""
+    against speedup, and SGLang's silent 48-request cap for speculative decoding."""
     out = []
     if "accept_length" in cells:
         for cfg, g in cells.dropna(subset=["accept_length"]).groupby("config"):
@@ -99,7 +99,11 @@ def engine_metric_findings(cells: pd.DataFrame) -> list[str]:
     if "cuda_graph_coverage" in cells:
         for cfg, g in cells.dropna(subset=["cuda_graph_coverage"]).groupby("config"):
             eager = g[g.cuda_graph_coverage < 0.5]
-            if len(eager):
+            if (g.cuda_graph_coverage == 0).all():
+                out.append(f"- `{cfg}` ran every decode step eagerly (CUDA-graph coverage 0 in all "
+                           f"{len(g)} cells): CUDA graphs are off or were never captured in this config, so each "
+                           "step pays the kernel-launch overhead.")
+            elif len(eager):
                 cells_txt = ", ".join(f"ctx={r.ctx} C={r.concurrency} ({r.cuda_graph_coverage:.0%})"
                                       for r in eager.itertuples())
                 out.append(f"- `{cfg}` ran most decode steps eagerly (CUDA-graph coverage = decode log lines with "
@@ -118,7 +122,7 @@ def engine_metric_findings(cells: pd.DataFrame) -> list[str]:
         for cfg, g in capped.groupby("config"):
             out.append(f"- `{cfg}` never ran more than 48 requests at once while others queued (C = "
                        f"{', '.join(str(c) for c in sorted(g.concurrency.unique()))}): SGLang resets "
-                       "max-running-requests to 48 for DFlash-family speculative decoding when it is unset; set "
+                       "max-running-requests to 48 for speculative decoding when it is unset; set "
                        "`options.max_running_requests`.")
     return out
 
@@ -130,6 +134,50 @@ def setup_section(metas: list[dict]) -> list[str]:
         lines.append(f"| `{m['config']}` | {m['engine']} | {m.get('engine_version') or '–'} | {m['model']} "
                      f"| {labels} | {_fmt(m.get('ready_s'))} s | {m.get('status')} |")
     return lines
+
+
+def _first_status_at(meta: dict, status: str) -> float | None:
+    return next((h["t"] for h in meta.get("health_transitions") or [] if h.get("status") == status), None)
+
+
+def startup_section(metas: list[dict]) -> list[str]:
+    """Per config: how long the health endpoint refused, answered not-ready and then 200, the gap from 200 to the
+    first cell, and the start-up phases read from the server log (weights, KV cache, each CUDA-graph capture)."""
+    lines = ["## Start-up", ""]
+    for m in metas:
+        start, ok_at = m.get("start_time"), _first_status_at(m, "200")
+        if start is None or ok_at is None:
+            continue
+        steps = m.get("health_transitions") or []
+        waits = ", ".join(f"{h['status']} for {nxt['t'] - h['t']:.1f} s" for h, nxt in zip(steps, steps[1:]))
+        text = (f"- `{m['config']}`: `/health` answered 200 after {ok_at - start:.1f} s ({waits or 'at once'}); "
+                f"{m['first_cell_at'] - ok_at:.2f} s from that 200 to the first cell (a one-token generation and "
+                "the identity check in between)")
+        phases = m.get("startup_phases") or {}
+        parts = []
+        if phases.get("load_weights_s") is not None:
+            parts.append(f"weights {phases['load_weights_s']:.2f} s ({_fmt(phases.get('weights_gb'), '.2f')} GB)")
+        if phases.get("kv_cache_tokens") is not None:
+            parts.append(f"KV cache {phases['kv_cache_tokens']:,} tokens")
+        for phase, capture in (phases.get("graph_capture") or {}).items():
+            parts.append(f"{phase} CUDA-graph capture {_fmt(capture.get('s'))} s"
+                         + (f" (backend {capture['backend']})" if capture.get("backend") else ""))
+        if phases.get("max_running_requests") is not None:
+            parts.append(f"max running requests {phases['max_running_requests']}"
+                         + (" (reset by the engine)" if phases.get("max_running_requests_reset_to") else ""))
+        lines.append(text + (f". From the log: {'; '.join(parts)}." if parts else "."))
+    return lines + [""] if len(lines) > 2 else []
+
+
+def dummy_weights_note(metas: list[dict]) -> list[str]:
+    """A warning when any config served random weights (``load_format: dummy``)."""
+    dummy = [m["config"] for m in metas if m.get("load_format") == "dummy"]
+    if not dummy:
+        return []
+    return [f"**Random weights** in {', '.join(f'`{c}`' for c in dummy)} (`load_format: dummy`): throughput, "
+            "latency, start-up and power are real measurements of the architecture, but the text is meaningless. "
+            "Accept lengths therefore say nothing about real drafting (random weights tend to repeat themselves, "
+            "which n-gram drafting predicts far too well), and the coding eval and lossless check are skipped.", ""]
 
 
 def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
@@ -156,8 +204,10 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
             lines.append(f"- ctx={r['ctx']} C={r['concurrency']}: **{r['bottleneck']}** — {r['bottleneck_basis']}"
                          f"{per_token}{ceiling}.")
         lines.append("")
-    lines += ["Energy is the GPU energy counter's change over each cell (warm-up requests included), summed over the "
-              "config's GPUs; thresholds and columns are documented in docs/telemetry.md.", "", energy_md, ""]
+    if "gpu_energy_j" in cells and cells["gpu_energy_j"].notna().any():
+        lines += ["Energy is the GPU energy counter's change over each cell (warm-up requests included), summed over "
+                  "the config's GPUs.", ""]
+    lines += ["Thresholds and columns: docs/telemetry.md.", "", energy_md, ""]
     return lines
 
 
@@ -215,7 +265,7 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
               f"{matrix.get('requests_per_cell', {}).get('per_concurrency')}× C requests per cell "
               f"(at least {matrix.get('requests_per_cell', {}).get('min')}), "
               f"{matrix.get('warmup_requests')} warm-up request(s), {matrix.get('repeats')} repeat(s).", ""]
-    lines += setup_section(metas) + [""]
+    lines += setup_section(metas) + [""] + dummy_weights_note(metas) + startup_section(metas)
 
     lines += ["## Findings", ""]
     best = best_per_cell(cells)

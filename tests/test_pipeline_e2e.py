@@ -34,11 +34,13 @@ def tiny_config() -> dict:
         sc["options"].update(parallel=2, ctx_size=1024)
     config["matrix"] = {"context_lengths": [32], "concurrencies": [1, 2], "output_tokens": 8,
                         "requests_per_cell": {"per_concurrency": 1, "min": 2}, "warmup_requests": 1, "repeats": 1}
+    config["correctness"] = {"coding_eval": {"problems": 1, "max_tokens": 96},
+                             "lossless": {"prompts": 2, "output_tokens": 16}}
     return config
 
 
 def snakemake(workdir: Path, *args, check=True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "--configfile", "tiny.yaml", *args],
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args, "--cores", "1", "--configfile=tiny.yaml"],
                           cwd=workdir, capture_output=True, text=True, timeout=1800)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
@@ -94,6 +96,9 @@ def test_pipeline_end_to_end(workdir):
     speedup = pd.read_csv(workdir / "results/tables/speedup.csv")
     assert set(speedup["config"]) == {"ar", "ngram"}
     assert (speedup[speedup["config"] == "ar"]["speedup"] == 1.0).all()
+    correctness = pd.read_csv(workdir / "results/tables/correctness.csv")
+    assert set(correctness["config"]) == {"ar", "ngram"}
+    assert "## Correctness" in findings
     leftover = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True).stdout.split()
     assert not leftover, "a server outlived its job"
 

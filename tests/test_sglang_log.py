@@ -89,7 +89,7 @@ def test_real_0_5_17_log():
 
 
 def test_windowing_by_timestamp():
-    """The bench keeps events with t in [cell start − 1, cell end + 1]; coverage then describes that cell only."""
+    """Events of one cell's time span: coverage then describes that cell only."""
     ev = parse_sglang_log(REAL_LOG)
     t0, t1 = _epoch("2026-11-29 13:57:17"), _epoch("2026-11-29 13:57:18")  # the C=100 cell, eager decode
     window = [e for e in ev if e.t is None or t0 - 1 <= e.t <= t1 + 1]

@@ -1,4 +1,5 @@
-"""Run the pipeline's bench job (``servesweep.bench.run_config``) for the configs of ``config/h200-sglang.yaml``.
+"""Run the pipeline's bench job (``servesweep.bench.run_config``) for the configs in ``config.yaml`` beside this
+file (the copy of ``config/h200-sglang.yaml`` that the recorded run used).
 
     python3 examples/h200-sglang/run_bench.py --model MODEL_DIR --results RESULTS_DIR [ar ngram ar-nograph]
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", required=True, type=Path)
     ap.add_argument("configs", nargs="*")
     args = ap.parse_args(argv)
-    raw = yaml.safe_load((REPO / "config" / "h200-sglang.yaml").read_text())
+    raw = yaml.safe_load((Path(__file__).resolve().parent / "config.yaml").read_text())
     model_name = next(iter(raw["models"]))
     raw["models"][model_name]["source"] = {"local": str(args.model.resolve())}
     config = check_config(raw)

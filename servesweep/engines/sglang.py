@@ -508,8 +508,9 @@ class SGLangEngine(Engine):
         passes = promtext.by_label(d, "sglang:cuda_graph_passes_total", "mode")
         for mode, n in sorted(passes.items()):
             out[f"graph_passes_{mode}"] = n
-        graph, eager = passes.get("decode_cuda_graph"), passes.get("decode_none")
-        if graph is not None and eager is not None and graph + eager > 0:
+        # A mode that never ran has no series at all: all-graph or all-eager cells still have a coverage.
+        graph, eager = passes.get("decode_cuda_graph", 0), passes.get("decode_none", 0)
+        if graph + eager > 0:
             out["cuda_graph_pass_coverage_decode"] = graph / (graph + eager)
         failures = [e for e in events if e.kind == "failure"]
         out["failures"] = len(failures)
