@@ -196,6 +196,7 @@ def write_model_dir(out: Path, shape: Shape, corpus: list[Path] | None = None, c
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line: write the model directory and print its summary and a ``models:`` entry."""
     parser = argparse.ArgumentParser(prog="python -m servesweep.dummy_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", required=True, choices=ARCHITECTURES)
     parser.add_argument("--out", required=True, type=Path, help="model directory to write")

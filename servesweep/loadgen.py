@@ -214,7 +214,9 @@ async def _run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] |
                           indexed: list[tuple[int, list[int]]] | None = None) -> tuple[list[dict], dict]:
     """One event loop drives every stream of ``spec`` (or of ``indexed``, this worker's share of the prompts)."""
     timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s)
-    connector = aiohttp.TCPConnector(limit=spec.concurrency + 4, force_close=False)
+    # A fresh connection per request: servers close idle keep-alive sockets (llama.cpp does), and a reused stale
+    # socket would surface as a spurious "server disconnected" error that is not the server's fault.
+    connector = aiohttp.TCPConnector(limit=spec.concurrency + 4, force_close=True)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         if spec.warmup_prompts:
             await asyncio.gather(*(stream_one(session, spec, p, -1 - i) for i, p in enumerate(spec.warmup_prompts)))

@@ -22,7 +22,15 @@ def _fmt(x, spec=".1f") -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def server_bound(cells: pd.DataFrame) -> pd.DataFrame:
+    """Cells whose pace the server set: client-bound cells measure the client and are left out of rankings."""
+    if "client_bound" not in cells:
+        return cells
+    return cells[~cells["client_bound"].fillna(False).astype(bool)]
+
+
 def best_per_cell(cells: pd.DataFrame) -> pd.DataFrame:
+    cells = server_bound(cells)
     idx = cells.groupby(["ctx", "concurrency"])["agg_output_tok_s"].idxmax()
     best = cells.loc[idx, ["ctx", "concurrency", "config", "agg_output_tok_s"]]
     return best.sort_values(["ctx", "concurrency"]).reset_index(drop=True)
@@ -274,7 +282,8 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     for c, g in best.groupby("concurrency"):
         winners = ", ".join(f"`{r.config}` at ctx={r.ctx} ({r.agg_output_tok_s:.1f} tok/s)" for r in g.itertuples())
         lines.append(f"- C={c}: {winners}.")
-    overall = cells.loc[cells["agg_output_tok_s"].idxmax()]
+    ranked = server_bound(cells)
+    overall = (ranked if not ranked.empty else cells).sort_values("agg_output_tok_s").iloc[-1]
     lines += ["", f"Highest throughput overall: `{overall['config']}` with {overall['agg_output_tok_s']:.1f} tok/s at "
               f"ctx={overall['ctx']}, C={overall['concurrency']}.", ""]
     spec = speculative_findings(speedup, baseline)

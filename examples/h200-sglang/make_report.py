@@ -83,6 +83,7 @@ def build_report(out: Path, runs: Path = HERE / "runs", charts: bool = False) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line: rebuild the report into OUT_DIR."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?", type=Path, default=HERE / "report")
     ap.add_argument("--charts", action="store_true", help="also draw the charts (PNG and SVG)")

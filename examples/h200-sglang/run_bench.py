@@ -25,6 +25,7 @@ from servesweep.models import materialise  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line: run the named configs (default: all) one after another."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--results", required=True, type=Path)
