@@ -1,7 +1,8 @@
 """Per-cell bottleneck verdict from the cell's telemetry, printed beside the numbers behind it.
 
 Verdicts: compute-bound, HBM-bandwidth-bound, communication-bound (several GPUs), host/launch-bound, mixed (no
-limit crosses its threshold) and not diagnosed (no GPU telemetry). With GPM counters (Hopper and newer) the rules
+limit crosses its threshold), CPU-bound (a config that runs on the host CPU, with the CPU at or above
+``CPU_SATURATED_PCT``) and not diagnosed (no GPU telemetry otherwise). With GPM counters (Hopper and newer) the rules
 read the pipes directly, first match wins:
 
 1. tensor utilisation ≥ ``TENSOR_COMPUTE_PCT``                                   → compute-bound
@@ -44,9 +45,10 @@ POWER_COMPUTE_PCT = 85.0  # matmul 95–99 % of the limit; copy 59–65 %
 POWER_MEMORY_PCT = 75.0  # copy 59–65 %; the seeds' 360–460 W of 1100 W is 33–42 %
 UTIL_BUSY_PCT = 85.0  # copy and matmul 90–100 %
 UTIL_HOST_PCT = 50.0  # llama.cpp 5–42 %
+CPU_SATURATED_PCT = 90.0  # llama.cpp on 2 CPU cores with 2 threads: 99–100 % in every cell
 
-COMPUTE, HBM, COMM, HOST, MIXED, NONE = ("compute-bound", "HBM-bandwidth-bound", "communication-bound",
-                                         "host/launch-bound", "mixed", "not diagnosed")
+COMPUTE, HBM, COMM, HOST, MIXED, CPU, NONE = ("compute-bound", "HBM-bandwidth-bound", "communication-bound",
+                                              "host/launch-bound", "mixed", "CPU-bound", "not diagnosed")
 
 
 def _num(row: Mapping, key: str) -> float | None:
@@ -66,6 +68,10 @@ def _power_text(row: Mapping) -> str:
 def diagnose(row: Mapping) -> tuple[str, str]:
     """(verdict, the numbers behind it) for one cell's telemetry columns."""
     if row.get("gpu_telemetry") != "nvml":
+        cpu = _num(row, "cpu_util_pct")
+        if cpu is not None and cpu >= CPU_SATURATED_PCT:
+            return CPU, (f"{row.get('gpu_telemetry') or 'no GPU telemetry'}; host CPU {cpu:.0f} % ≥ "
+                         f"{CPU_SATURATED_PCT:.0f} %: the engine computes on a saturated CPU")
         return NONE, f"{row.get('gpu_telemetry') or 'no GPU telemetry'}: the verdicts read GPU counters"
     gpus = int(_num(row, "gpu_count") or 1)
     util, power_pct = _num(row, "gpu_util_pct"), _num(row, "gpu_power_mean_pct_limit")

@@ -196,7 +196,8 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
         return lines + ["No telemetry columns in these cells.", ""]
     for cfg, g in cells.groupby("config"):
         note = g["roofline_note"].iloc[0] if "roofline_note" in g else "not computed"
-        if "gpu_j_per_output_token" in g and g["gpu_j_per_output_token"].notna().any():
+        has_gpu = "gpu_j_per_output_token" in g and g["gpu_j_per_output_token"].notna().any()
+        if has_gpu:
             best = g.loc[g["gpu_j_per_output_token"].idxmin()]
             energy = (f"lowest energy per token {best['gpu_j_per_output_token']:.3f} J "
                       f"({best['output_tokens_per_gpu_j']:.1f} tokens/J) at ctx={best['ctx']}, "
@@ -204,6 +205,13 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
         else:
             energy = f"no GPU energy ({g['gpu_telemetry'].iloc[0] if 'gpu_telemetry' in g else 'no telemetry'})"
         lines += [f"`{cfg}`: {energy}. Decode ceiling: {note}.", ""]
+        if not has_gpu:
+            # No GPU counters: one line for the config instead of the same words per cell.
+            verdicts = ", ".join(f"{v} in {n} of {len(g)} cells" for v, n in g["bottleneck"].value_counts().items())
+            cpu = (f"; host CPU {g['cpu_util_pct'].min():.0f}–{g['cpu_util_pct'].max():.0f} %"
+                   if "cpu_util_pct" in g and g["cpu_util_pct"].notna().any() else "")
+            lines += [f"- {verdicts}{cpu} — {g['bottleneck_basis'].iloc[0]}.", ""]
+            continue
         for r in g.sort_values(["ctx", "concurrency"]).to_dict("records"):
             ceiling = (f"; {r['pct_of_ceiling']:.1f} % of the {r['decode_ceiling_tok_s']:,.0f} tok/s decode ceiling"
                        if pd.notna(r.get("pct_of_ceiling")) else "")

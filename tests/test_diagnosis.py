@@ -62,8 +62,14 @@ def test_nvlink_busy_on_one_gpu_is_not_communication():
 
 
 def test_no_gpu_is_not_diagnosed():
-    verdict, basis = dg.diagnose({"gpu_telemetry": "no NVIDIA GPU", "cpu_util_pct": 90.0})
+    verdict, basis = dg.diagnose({"gpu_telemetry": "no NVIDIA GPU", "cpu_util_pct": 60.0})
     assert verdict == dg.NONE and "no NVIDIA GPU" in basis
+
+
+def test_no_gpu_with_a_saturated_cpu_is_cpu_bound():
+    # The embedded default: llama.cpp with 2 threads on 2 cores ran at 99-100 % CPU in every cell.
+    verdict, basis = dg.diagnose({"gpu_telemetry": "no NVIDIA GPU", "cpu_util_pct": 99.6})
+    assert verdict == dg.CPU and "100 % ≥ 90 %" in basis
 
 
 def test_annotate_adds_columns():

@@ -86,7 +86,7 @@ def test_launch_argv_and_env():
     ({"tp": 0}, "options.tp", "positive integer"),
     ({"nvls": "yes"}, "options.nvls", "true or false"),
     ({"mem_fraction_static": 1.5}, "options.mem_fraction_static", "between 0 and 1"),
-    ({"tensor_parallel": 8}, "options.tensor_parallel", "not an SGLang option"),
+    ({"tensor_parallel": 8}, "options.tensor_parallel", "not one of the SGLang options"),
 ])
 def test_refusals(options, key, words):
     problems = _problems(options)

@@ -124,3 +124,14 @@ def test_editing_one_config_reruns_only_that_config(workdir):
     rules = {r for r, _ in jobs}
     assert {"aggregate_tables", "plot_charts", "write_findings"} <= rules
     assert not rules & {"download_model", "prepare_engine", "check_env"}
+
+
+@pytest.mark.parametrize("sweep, configs", [("config/kimi-k26-8gpu.yaml", 10), ("config/2xh200-moe.yaml", 4),
+                                            ("config/h200-sglang.yaml", 3)])
+def test_gpu_sweeps_plan_on_a_machine_without_gpus(tmp_path, sweep, configs):
+    wd = copy_tree(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "report", "--cores", "1", f"--configfile={sweep}"],
+                          cwd=wd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rules = [r for r, _ in planned_jobs(proc.stdout)]
+    assert rules.count("bench_config") == configs

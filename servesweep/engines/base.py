@@ -32,6 +32,7 @@ class Engine:
     """Base class. Subclasses override what differs; defaults suit an OpenAI-compatible server."""
 
     name = "base"
+    label = "server"  # how messages name the engine
     health_path = "/health"
     metrics_path: str | None = "/metrics"
 
@@ -39,6 +40,19 @@ class Engine:
     def config_problems(self, name: str, sc: dict, model: dict, config: dict) -> list[tuple[str, str, str]]:
         """Engine-specific config checks as (key, problem, fix); run before any server starts."""
         return []
+
+    def option_problems(self, name: str, opts: dict, known, positive_ints=(), bools=()) -> list[tuple[str, str, str]]:
+        """Unknown option keys and wrongly typed values of ``server_configs.<name>.options``."""
+        key = f"server_configs.{name}.options"
+        problems = [(f"{key}.{k}", f"is not one of the {self.label} options servesweep knows",
+                     f"use one of {sorted(known)}, or pass the flag through extra_args") for k in opts if k not in known]
+        for k in positive_ints:
+            if k in opts and (isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < 1):
+                problems.append((f"{key}.{k}", f"must be a positive integer, got {opts[k]!r}", "give a whole number ≥ 1"))
+        for k in bools:
+            if k in opts and not isinstance(opts[k], bool):
+                problems.append((f"{key}.{k}", f"must be true or false, got {opts[k]!r}", "write true or false"))
+        return problems
 
     def config_warnings(self, name: str, sc: dict, model: dict, config: dict) -> list[str]:
         """Non-fatal notes (e.g. a silent server-side cap) shown in the job log and the report."""

@@ -41,14 +41,11 @@ _MODEL_LOADED = re.compile(r"model loaded|server is listening", re.I)
 
 class LlamaCppEngine(Engine):
     name = "llamacpp"
+    label = "llama.cpp"
 
     def config_problems(self, name, sc, model, config):
-        problems = []
         opts = sc.get("options", {})
-        for key, value in opts.items():
-            if key not in OPTIONS:
-                problems.append((f"server_configs.{name}.options.{key}", "is not a llama.cpp option servesweep knows",
-                                 f"use one of {sorted(OPTIONS)}, or pass the flag through extra_args"))
+        problems = self.option_problems(name, opts, OPTIONS, positive_ints=("parallel", "ctx_size", "threads"))
         if "spec_type" in opts:
             types = str(opts["spec_type"]).split(",")
             bad = [t for t in types if t not in SPEC_TYPES]
@@ -58,10 +55,6 @@ class LlamaCppEngine(Engine):
             if "draft" in types and "draft_model" not in opts:
                 problems.append((f"server_configs.{name}.options.draft_model", "spec_type 'draft' needs a draft model",
                                  "set options.draft_model to a GGUF path"))
-        for key in ("parallel", "ctx_size", "threads"):
-            if key in opts and (not isinstance(opts[key], int) or opts[key] < 1):
-                problems.append((f"server_configs.{name}.options.{key}", f"must be a positive integer, got {opts[key]!r}",
-                                 "give a whole number ≥ 1"))
         if model.get("format") != "gguf":
             problems.append((f"models.{sc.get('model')}.format", "llama.cpp serves GGUF files only",
                              "point this config at a model with format: gguf"))

@@ -292,22 +292,13 @@ def _mean(values: list[float]) -> float:
 
 class SGLangEngine(Engine):
     name = "sglang"
+    label = "SGLang"
 
     # --- configuration -----------------------------------------------------------------------------------
     def config_problems(self, name, sc, model, config):
         key = f"server_configs.{name}.options"
         opts = sc.get("options", {})
-        problems = []
-        for k in opts:
-            if k not in OPTIONS:
-                problems.append((f"{key}.{k}", "is not an SGLang option servesweep knows",
-                                 f"use one of {sorted(OPTIONS)}, or pass the flag through extra_args"))
-        for k in POSITIVE_INT_OPTIONS:
-            if k in opts and (isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < 1):
-                problems.append((f"{key}.{k}", f"must be a positive integer, got {opts[k]!r}", "give a whole number ≥ 1"))
-        for k in BOOL_OPTIONS:
-            if k in opts and not isinstance(opts[k], bool):
-                problems.append((f"{key}.{k}", f"must be true or false, got {opts[k]!r}", "write true or false"))
+        problems = self.option_problems(name, opts, OPTIONS, POSITIVE_INT_OPTIONS, BOOL_OPTIONS)
         if "mem_fraction_static" in opts and not (isinstance(opts["mem_fraction_static"], (int, float))
                                                   and 0 < opts["mem_fraction_static"] < 1):
             problems.append((f"{key}.mem_fraction_static", f"must be between 0 and 1, got {opts['mem_fraction_static']!r}",

@@ -64,18 +64,12 @@ def _local_epoch(stamp: str) -> float:
 
 class VLLMEngine(Engine):
     name = "vllm"
+    label = "vLLM"
 
     def config_problems(self, name, sc, model, config):
         key = f"server_configs.{name}.options"
         opts = sc.get("options", {})
-        problems = []
-        for k in opts:
-            if k not in OPTIONS:
-                problems.append((f"{key}.{k}", "is not a vLLM option servesweep knows",
-                                 f"use one of {sorted(OPTIONS)}, or pass the flag through extra_args"))
-        for k in POSITIVE_INT_OPTIONS:
-            if k in opts and (isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < 1):
-                problems.append((f"{key}.{k}", f"must be a positive integer, got {opts[k]!r}", "give a whole number ≥ 1"))
+        problems = self.option_problems(name, opts, OPTIONS, POSITIVE_INT_OPTIONS)
         spec = opts.get("speculative_config")
         if spec is not None and not (isinstance(spec, dict) and spec.get("method")):
             problems.append((f"{key}.speculative_config", "must be a mapping with at least `method`",
