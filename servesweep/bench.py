@@ -133,14 +133,18 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
 
         factory = PromptFactory(corpus, tok)
         serial = 0
+        # A server told to skip its own warm-up gets ours: the first cell warms with a full batch of its size.
+        first_warmup = max(matrix.warmup_requests, matrix.concurrencies[0]) if engine.needs_client_warmup(sc) \
+            else matrix.warmup_requests
         for ctx, conc in matrix.cells():
             repeats = []
             for rep in range(matrix.repeats):
                 n = matrix.requests_for(conc)
+                n_warm = first_warmup if serial == 0 else matrix.warmup_requests
                 prompts = [await factory.make(f"{sc.name}-{ctx}-{conc}-{rep}", ctx, serial + i) for i in range(n)]
                 warm = [await factory.make(f"warm-{sc.name}-{ctx}-{conc}-{rep}", ctx, serial + n + i)
-                        for i in range(matrix.warmup_requests)]
-                serial += n + matrix.warmup_requests
+                        for i in range(n_warm)]
+                serial += n + n_warm
                 if matrix.flush_cache_between_cells:
                     await engine.flush_cache(session, base)
                 spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=prompts,
@@ -214,6 +218,7 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
         "matrix": config["matrix"], "status": "running",
     }
     error = None
+    memory_baseline = telemetry.memory_used_bytes()
     telemetry.start()
     meta["telemetry_host"] = telemetry.host_facts()
     try:
@@ -236,6 +241,11 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
         traceback.print_exc(file=log)
     finally:
         server.stop()
+        meta["gpu_memory_after_stop"] = telemetry.wait_memory_released(memory_baseline)
+        if meta["gpu_memory_after_stop"]["released"] is False:
+            meta["warnings"].append(f"GPU memory not back to its pre-launch level after the server stopped: "
+                                    f"{meta['gpu_memory_after_stop']['held_mib']} MiB still held — a leftover "
+                                    "process would distort the next config")
         telemetry.stop()
         meta["stop_time"] = server.stopped_at
         meta["cells_measured"] = len(writer.cells)

@@ -209,6 +209,37 @@ class Telemetry:
         facts["gpus"] = gpus
         return facts
 
+    def memory_used_bytes(self) -> dict[int, int]:
+        """Device memory in use per GPU of this config; empty without NVML."""
+        if self.nvml is None:
+            return {}
+        used = {}
+        for gpu in self._gpus:
+            info = self._query(gpu, "memory", self.nvml.nvmlDeviceGetMemoryInfo, gpu.handle)
+            if info is not None:
+                used[gpu.index] = int(info.used)
+        return used
+
+    def wait_memory_released(self, baseline: dict[int, int], tolerance_bytes: int = 512 * 2**20,
+                             timeout_s: float = 60.0, poll_s: float = 0.25) -> dict:
+        """Wait until each GPU's used memory is back within ``tolerance_bytes`` of its pre-launch ``baseline``.
+
+        A stopped server's CUDA contexts can take a moment to go; the next config must not start on a GPU that
+        still holds them. Returns what was seen, for meta.json: released (bool), waited seconds, MiB still held.
+        """
+        if not baseline:
+            return {"released": None, "note": self.nvml_reason or "no GPU memory to watch"}
+        start = now()
+        while True:
+            used = self.memory_used_bytes()
+            held = {i: used.get(i, 0) - b for i, b in baseline.items()}
+            if all(h <= tolerance_bytes for h in held.values()) or now() - start >= timeout_s:
+                break
+            time.sleep(poll_s)
+        released = all(h <= tolerance_bytes for h in held.values())
+        return {"released": released, "waited_s": now() - start,
+                "held_mib": {str(i): max(0, h) / 2**20 for i, h in held.items()}}
+
     def _call(self, fn, *args):
         try:
             return fn(*args)

@@ -41,13 +41,14 @@ class FakeGpu:
     """One simulated GPU. ``power_w(t)`` gives the draw ``t`` seconds after creation."""
 
     def __init__(self, name="NVIDIA H200", power_w=lambda t: 400.0, limit_w=700.0, gpm=None, gpm_supported=True,
-                 counter_period_s=0.0, instant_supported=True, util=100):
+                 counter_period_s=0.0, instant_supported=True, util=100, memory_used=lambda t: 10 * 2**30):
         self.name, self.power_w, self.limit_w = name, power_w, limit_w
         self.gpm = gpm if gpm is not None else {NVML_GPM_METRIC_SM_UTIL: 97.0, NVML_GPM_METRIC_DRAM_BW_UTIL: 86.0,
                                                   NVML_GPM_METRIC_ANY_TENSOR_UTIL: 0.0,
                                                   NVML_GPM_METRIC_SM_OCCUPANCY: 78.0}
         self.gpm_supported, self.instant_supported, self.util = gpm_supported, instant_supported, util
         self.counter_period_s = counter_period_s
+        self.memory_used_bytes = memory_used
         self.t0 = time.monotonic()
         self._energy_mj = 0.0
         self._last = 0.0
@@ -55,6 +56,10 @@ class FakeGpu:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
+
+    def memory_used(self) -> int:
+        """Device memory in use now, from the ``memory_used(t)`` curve."""
+        return int(self.memory_used_bytes(self.elapsed()))
 
     def energy_mj(self) -> int:
         """Integral of the power curve (mJ), advanced in ``counter_period_s`` steps like the real counter."""
@@ -139,8 +144,8 @@ class FakeNvml:
         return 45
 
     def nvmlDeviceGetMemoryInfo(self, h):
-        self._gpu(h)
-        return SimpleNamespace(used=10 * 2**30, total=141 * 2**30)
+        gpu = self._gpu(h)
+        return SimpleNamespace(used=gpu.memory_used(), total=141 * 2**30)
 
     def nvmlGpmQueryDeviceSupport(self, h):
         return SimpleNamespace(isSupportedDevice=int(self._gpu(h).gpm_supported))

@@ -283,3 +283,14 @@ def test_accept_length_prefers_requests_then_log():
     assert m["accept_length"] == 2.0 and m["accept_length_source"] == "requests"
     m = ENGINE.cell_metrics(lines, None, None, [{"completion_tokens": 100}])
     assert m["accept_length"] == 2.5 and m["accept_length_source"] == "log" and m["accept_rate"] == pytest.approx(0.3)
+
+
+def test_skip_server_warmup_asks_for_client_warmup():
+    from servesweep.config import ServerConfig
+    from servesweep.engines.sglang import SGLangEngine
+
+    def view(options):
+        return ServerConfig(name="x", engine="sglang", model_name="m", model={}, options=options)
+
+    assert SGLangEngine().needs_client_warmup(view({"tp": 8, "skip_server_warmup": True}))
+    assert not SGLangEngine().needs_client_warmup(view({"tp": 8}))

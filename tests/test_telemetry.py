@@ -127,3 +127,24 @@ def test_energy_per_token():
         {"gpu_j_per_output_token": 0.17, "output_tokens_per_gpu_j": 1000 / 170})
     assert energy_per_token({"output_tokens": 0, "gpu_energy_j": 170.0}) == {}
     assert energy_per_token({"output_tokens": 10, "cpu_energy_j": 5.0})["cpu_j_per_output_token"] == 0.5
+
+
+def test_gpu_memory_release_is_awaited():
+    # A stopped server's memory drains over 0.3 s: the wait sees it come back to the pre-launch level.
+    draining = FakeGpu(memory_used=lambda t: 10 * 2**30 if t > 0.3 else 60 * 2**30)
+    tele = Telemetry([0], nvml=FakeNvml([draining]))
+    facts = tele.wait_memory_released({0: 10 * 2**30}, timeout_s=5, poll_s=0.05)
+    assert facts["released"] is True and 0.2 < facts["waited_s"] < 3
+
+
+def test_gpu_memory_still_held_is_reported():
+    stuck = FakeGpu(memory_used=lambda t: 60 * 2**30)
+    tele = Telemetry([0], nvml=FakeNvml([stuck]))
+    facts = tele.wait_memory_released({0: 10 * 2**30}, timeout_s=0.3, poll_s=0.05)
+    assert facts["released"] is False and facts["held_mib"] == {"0": 50 * 1024}
+
+
+def test_no_gpu_has_no_memory_to_watch():
+    tele = Telemetry([], nvml=None)
+    assert tele.memory_used_bytes() == {}
+    assert tele.wait_memory_released({})["released"] is None

@@ -96,6 +96,10 @@ class Engine:
         """Drop the server's prefix cache where the engine offers it; False when it does not."""
         return False
 
+    def needs_client_warmup(self, sc) -> bool:
+        """True when the config tells the server to skip its own warm-up, so the client must warm it up."""
+        return False
+
     def request_fields(self, sc) -> dict:
         """Extra JSON fields for /v1/completions that force a fixed output length."""
         return {"ignore_eos": True}

@@ -376,6 +376,9 @@ class SGLangEngine(Engine):
     def world_size(self, options):
         return world_size_of(options)
 
+    def needs_client_warmup(self, sc):
+        return bool(sc.options.get("skip_server_warmup"))
+
     # --- preparation and launch --------------------------------------------------------------------------
     def prepare(self, settings, log):
         python = settings.get("python") or sys.executable
