@@ -11,9 +11,10 @@ Each peer client is installed into its own virtual environment under the servesw
 client code imports (see ``PEERS``); a peer that cannot be installed is reported and the others are still measured.
 
 Per tool and concurrency: measured vs true TTFT and ITL (median and p99 error), the output tok/s the client reports
-vs what the endpoint emitted over the same requests, and the client's CPU (cores busy while it measured).
-Capacity: the highest stream rate (tok/s) each client consumes while its ITL p99 error, TTFT median error and
-throughput shortfall stay within the tolerances.
+vs what the endpoint emitted over the same requests, and the client's CPU (cores busy while it measured, and CPU
+time per output token). Capacity: the highest stream rate (tok/s) each client consumes while its ITL p99 error, TTFT
+median error and throughput shortfall stay within the tolerances; and the same without the TTFT criterion, which
+the burst of C connections opened at once dominates.
 """
 from __future__ import annotations
 
@@ -430,7 +431,7 @@ def truth(streams: list[dict], n: int) -> dict:
     late = [x for s in streams for x in s["late"]]
     return {"ttfts": [s["writes"][0] - s["arrival"] for s in done],
             "itls": [b - a for s in done for a, b in zip(s["writes"], s["writes"][1:])],
-            "emitted_tok_s": tokens / max(t1 - t0, 1e-9), "t0": t0, "t1": t1,
+            "tokens": tokens, "emitted_tok_s": tokens / max(t1 - t0, 1e-9), "t0": t0, "t1": t1,
             "endpoint_late_p99_ms": percentile(late, 99) * 1e3}
 
 
@@ -448,6 +449,7 @@ def compare(tool: str, concurrency: int, measured: dict, true: dict, cpu_s: floa
     row["emitted_tok_s"] = true["emitted_tok_s"]
     row["tok_s_ratio"] = measured["output_tok_s"] / true["emitted_tok_s"]
     row["client_cores"] = cpu_s / window
+    row["client_us_per_token"] = cpu_s / true["tokens"] * 1e6
     row["endpoint_cores"] = endpoint_cpu_s / window
     row["endpoint_late_p99_ms"] = true["endpoint_late_p99_ms"]
     for key in ("loop_lag_p99_ms", "client_bound"):
@@ -456,11 +458,16 @@ def compare(tool: str, concurrency: int, measured: dict, true: dict, cpu_s: floa
     return row
 
 
+def stream_degraded(row: dict, args) -> bool:
+    """The client no longer keeps up with the streams: ITL p99 off by more than the tolerance, or it reports less
+    throughput than the endpoint emitted."""
+    return abs(row["itl_p99_err_ms"]) > args.itl_tolerance_ms or row["tok_s_ratio"] < 1 - args.tok_s_tolerance
+
+
 def degraded(row: dict, args) -> bool:
-    """The client's own timing no longer holds: ITL p99 or TTFT median off by more than the tolerance, or it
-    reports less throughput than the endpoint emitted."""
-    return (abs(row["itl_p99_err_ms"]) > args.itl_tolerance_ms or abs(row["ttft_p50_err_ms"]) > args.ttft_tolerance_ms
-            or row["tok_s_ratio"] < 1 - args.tok_s_tolerance)
+    """The client's own timing no longer holds: ``stream_degraded``, or its TTFT median is off by more than the
+    tolerance."""
+    return stream_degraded(row, args) or abs(row["ttft_p50_err_ms"]) > args.ttft_tolerance_ms
 
 
 def measure_cell(tool: str, python, tokenizer, endpoint: Endpoint, concurrency: int, args, work: Path, log) -> dict:
@@ -497,7 +504,8 @@ FIDELITY_COLUMNS = [("tool", "client", ""), ("concurrency", "C", ""), ("ttft_p50
                     ("ttft_p99_err_ms", "TTFT p99 err ms", "+.2f"), ("itl_p50_err_ms", "ITL p50 err ms", "+.2f"),
                     ("itl_p99_err_ms", "ITL p99 err ms", "+.2f"), ("output_tok_s", "client tok/s", ".0f"),
                     ("emitted_tok_s", "emitted tok/s", ".0f"), ("tok_s_ratio", "ratio", ".3f"),
-                    ("client_cores", "client cores", ".2f"), ("endpoint_late_p99_ms", "endpoint late p99 ms", ".2f"),
+                    ("client_cores", "client cores", ".2f"), ("client_us_per_token", "client CPU µs/tok", ".1f"),
+                    ("endpoint_late_p99_ms", "endpoint late p99 ms", ".2f"),
                     ("loop_lag_p99_ms", "loop lag p99 ms", ".1f"), ("client_bound", "client_bound", "")]
 
 
@@ -514,7 +522,7 @@ def main() -> None:
     p.add_argument("--tools", nargs="+", default=["servesweep", "sglang", "vllm"], choices=list(READERS))
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 64, 256, 1024],
                    help="the fidelity table's concurrencies")
-    p.add_argument("--capacity", nargs="+", type=int, default=[16, 128, 512],
+    p.add_argument("--capacity", nargs="+", type=int, default=[4, 16, 32, 128, 512],
                    help="extra concurrencies for the capacity search (the fidelity cells count too)")
     p.add_argument("--ttft-ms", type=float, default=50.0)
     p.add_argument("--gap-ms", type=float, default=10.0, help="time between chunks of one stream")
@@ -564,10 +572,11 @@ def main() -> None:
                     print(f"{tool} C={c}: {row['error']}", flush=True)
                     continue
                 row["degraded"] = degraded(row, args)
-                bad_in_a_row = bad_in_a_row + 1 if row["degraded"] else 0
+                row["stream_degraded"] = stream_degraded(row, args)
+                bad_in_a_row = bad_in_a_row + 1 if row["stream_degraded"] else 0
                 print(f"{tool} C={c}: ttft p50 err {row['ttft_p50_err_ms']:+.2f} ms, itl p99 err "
                       f"{row['itl_p99_err_ms']:+.2f} ms, {row['output_tok_s']:.0f}/{row['emitted_tok_s']:.0f} tok/s, "
-                      f"client {row['client_cores']:.2f} cores", flush=True)
+                      f"client {row['client_cores']:.2f} cores, {row['client_us_per_token']:.1f} µs/tok", flush=True)
     finally:
         endpoint.close()
         log.close()
@@ -577,15 +586,20 @@ def main() -> None:
         if tool in skipped:
             capacity.append({"tool": tool, "note": skipped[tool]})
             continue
-        good = [r for r in rows if r["tool"] == tool and "error" not in r and not r["degraded"]]
-        best = max(good, key=lambda r: r["output_tok_s"], default=None)
+        measured = [r for r in rows if r["tool"] == tool and "error" not in r]
+        best = max((r for r in measured if not r["degraded"]), key=lambda r: r["output_tok_s"], default=None)
+        streams = max((r for r in measured if not r["stream_degraded"]), key=lambda r: r["output_tok_s"],
+                      default=None)
         capacity.append({"tool": tool, "capacity_tok_s": best["output_tok_s"] if best else math.nan,
                          "at_concurrency": best["concurrency"] if best else None,
-                         "client_cores": best["client_cores"] if best else math.nan})
-    base = next((c.get("capacity_tok_s") for c in capacity if c["tool"] == "sglang"), None)
+                         "client_cores": best["client_cores"] if best else math.nan,
+                         "stream_capacity_tok_s": streams["output_tok_s"] if streams else math.nan,
+                         "stream_at_concurrency": streams["concurrency"] if streams else None})
+    sglang = next((c for c in capacity if c["tool"] == "sglang" and "capacity_tok_s" in c), None)
     for c in capacity:
-        if base and not math.isnan(base) and "capacity_tok_s" in c:
-            c["vs_sglang"] = c["capacity_tok_s"] / base
+        for key, ratio in (("capacity_tok_s", "vs_sglang"), ("stream_capacity_tok_s", "stream_vs_sglang")):
+            if sglang and key in c and not math.isnan(sglang[key]):
+                c[ratio] = c[key] / sglang[key]
 
     fidelity = [r for r in rows if r["concurrency"] in args.concurrency and "error" not in r]
     text = ["Endpoint: " + ", ".join(f"{k}={v}" for k, v in asdict(timing).items())
@@ -595,7 +609,10 @@ def main() -> None:
             markdown(fidelity, FIDELITY_COLUMNS), "",
             markdown(capacity, [("tool", "client", ""), ("capacity_tok_s", "capacity tok/s", ".0f"),
                                 ("at_concurrency", "at C", ""), ("client_cores", "client cores", ".2f"),
-                                ("vs_sglang", "× SGLang", ".2f"), ("note", "note", "")])]
+                                ("vs_sglang", "× SGLang", ".2f"),
+                                ("stream_capacity_tok_s", "ITL + tok/s only: capacity tok/s", ".0f"),
+                                ("stream_at_concurrency", "at C", ""), ("stream_vs_sglang", "× SGLang", ".2f"),
+                                ("note", "note", "")])]
     errors = [f"- {r['tool']} C={r['concurrency']}: {r['error']}" for r in rows if "error" in r]
     errors += [f"- {tool}: {why}" for tool, why in skipped.items()]
     if errors:

@@ -3,21 +3,28 @@
 It knows HTTP and timing, not engines: the engine-specific bits (tokenizer endpoint, fields that force a fixed
 output length, tokens per chunk) come in as callables. Prompts are token-id lists of an exact length, each unique,
 so no request is served from another's prefix cache.
+
+The measured streams use a small HTTP/1.1 client of its own (``_StreamedResponse``): a chunk costs a timestamp and a
+byte count, and the JSON is parsed when the stream has ended, so the client can consume several times the stream
+rate of one that parses every chunk as it arrives (docs/performance.md).
 """
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import math
 import multiprocessing
+import os
 import random
+import socket
+import ssl as ssl_module
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
-
-import aiohttp
+from urllib.parse import urlsplit
 
 from servesweep.clock import now
 
@@ -108,18 +115,24 @@ class LoopLagMonitor:
         self.interval_s = interval_s
         self.lags: list[float] = []
         self._task: asyncio.Task | None = None
+        self._slept_at: float | None = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            t0 = loop.time()
+            self._slept_at = loop.time()
             await asyncio.sleep(self.interval_s)
-            self.lags.append(max(0.0, loop.time() - t0 - self.interval_s))
+            self.lags.append(max(0.0, loop.time() - self._slept_at - self.interval_s))
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> dict:
+        # A stall that is still holding the loop when the cell ends has not woken the sleeper: count it too.
+        if self._slept_at is not None:
+            overdue = asyncio.get_running_loop().time() - self._slept_at - self.interval_s
+            if overdue > 0:
+                self.lags.append(overdue)
         if self._task:
             self._task.cancel()
             try:
@@ -134,7 +147,231 @@ class LoopLagMonitor:
                 "loop_lag_mean_ms": statistics.fmean(lags) * 1e3}
 
 
-async def stream_one(session: aiohttp.ClientSession, spec: LoadSpec, prompt: list[int], index: int) -> dict:
+class _StreamedResponse(asyncio.BufferedProtocol):
+    """One request on a connection of its own, read as an HTTP/1.1 response carrying a server-sent event stream.
+
+    Per read, ``buffer_updated`` only stamps the arrival time and counts the ``data:`` lines that read completed
+    (several events in one read share its stamp; an event split over reads gets the stamp of the read that ends
+    it). The events are parsed once the response has ended, so a chunk costs the client a few byte scans, not a
+    JSON parse and a task switch. Bodies may be chunked, Content-Length-delimited or end at connection close.
+    """
+
+    def __init__(self, request: bytes, loop: asyncio.AbstractEventLoop, read_buffer: memoryview):
+        self.request = request
+        self.read_buffer = read_buffer
+        self.done = loop.create_future()
+        self.transport: asyncio.BaseTransport | None = None
+        self.head = b""
+        self.status: int | None = None
+        self.chunked = False
+        self.length: int | None = None  # Content-Length; None: chunked, or the body ends at connection close
+        self.received = 0
+        self.frame = b""  # chunked framing split across reads, carried to the next read
+        self.chunk_left = 0
+        self.crlf_left = 0
+        self.last_chunk = False
+        self.body: list[bytes] = []
+        self.line_head = b""  # first bytes of the line the last read left unfinished
+        self.arrivals: list[tuple[float, int]] = []  # (arrival time, data lines completed by that read)
+        self.error: str | None = None
+        self.end: float | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        if self.request:
+            transport.write(self.request)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        t = now()
+        if self.done.done():
+            return
+        data = self.read_buffer[:nbytes].tobytes()
+        try:
+            if self.status is None:
+                data = self._read_head(data)
+                if data is None:
+                    return
+            if self.chunked:
+                data = self._dechunk(data)
+        except (ValueError, IndexError) as exc:
+            self._finish(t, f"malformed HTTP response: {exc!r}")
+            return
+        if data:
+            self._take(t, data)
+        if self.last_chunk or (self.length is not None and self.received >= self.length):
+            self._finish(t)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done.done():
+            return
+        if self.status is not None and not self.chunked and self.length is None:
+            self._finish(now())  # a body without framing ends when the server closes the connection
+        else:
+            self._finish(now(), "server closed the connection before the response ended" + (f": {exc}" if exc else ""))
+
+    def _read_head(self, data: bytes) -> bytes | None:
+        """Parse the status line and headers once they are complete; returns the body bytes that followed."""
+        self.head += data
+        sep = self.head.find(b"\r\n\r\n")
+        if sep < 0:
+            return None
+        lines = self.head[:sep].decode("latin-1").split("\r\n")
+        rest = self.head[sep + 4:]
+        self.head = b""
+        status = int(lines[0].split(" ", 2)[1])
+        if status < 200:  # an interim response (100 Continue): the real one follows
+            return self._read_head(rest)
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self.status = status
+        self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        if status in (204, 304):
+            self.length = 0
+        elif not self.chunked and "content-length" in headers:
+            self.length = int(headers["content-length"])
+        return rest
+
+    def _dechunk(self, data: bytes) -> bytes:
+        """The payload bytes of chunked transfer-encoding in ``data``."""
+        buf = self.frame + data if self.frame else data
+        out = []
+        pos, end = 0, len(buf)
+        while pos < end and not self.last_chunk:
+            if self.chunk_left:
+                take = min(self.chunk_left, end - pos)
+                out.append(buf[pos:pos + take])
+                pos += take
+                self.chunk_left -= take
+                if not self.chunk_left:
+                    self.crlf_left = 2
+            elif self.crlf_left:
+                skip = min(self.crlf_left, end - pos)
+                pos += skip
+                self.crlf_left -= skip
+            else:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                size = int(buf[pos:eol].split(b";", 1)[0], 16)
+                pos = eol + 2
+                if size == 0:
+                    self.last_chunk = True  # trailers, if any, are not needed
+                self.chunk_left = size
+        self.frame = buf[pos:] if not self.last_chunk else b""
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _take(self, t: float, piece: bytes) -> None:
+        """Keep body bytes; for a 200 response, stamp every ``data:`` line they complete with ``t``."""
+        self.body.append(piece)
+        self.received += len(piece)
+        if self.status != 200:
+            return
+        cut = piece.rfind(b"\n")
+        if cut < 0:
+            if len(self.line_head) < 5:
+                self.line_head = (self.line_head + piece)[:5]
+            return
+        # Lines that start inside this piece, plus the one the previous read left unfinished.
+        n = piece.count(b"\ndata:", 0, cut)
+        if (self.line_head + piece[:5]).startswith(b"data:"):
+            n += 1
+        if n:
+            self.arrivals.append((t, n))
+        self.line_head = piece[cut + 1:cut + 6]
+
+    def _finish(self, t: float, error: str | None = None) -> None:
+        self.end = t
+        self.error = error
+        if self.transport is not None:
+            self.transport.close()
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def events(self) -> tuple[list[float], list[bytes]]:
+        """Arrival times and payloads of the ``data:`` lines received whole, in order, ``[DONE]`` included."""
+        lines = b"".join(self.body).split(b"\n")[:-1]  # the last piece is an unfinished line, or empty
+        payloads = [line[5:].strip() for line in lines if line.startswith(b"data:")]
+        stamps = [t for t, n in self.arrivals for _ in range(n)]
+        return stamps, payloads
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where the measured requests go, resolved once so that no request waits on name resolution."""
+
+    addresses: tuple[tuple[int, tuple], ...]  # (address family, socket address), in resolver order
+    ssl: ssl_module.SSLContext | None
+    hostname: str
+    path: str
+    host_header: str
+    # Every connection reads into this one buffer: the event loop hands each read to its protocol before the next
+    # read starts. Reading into it costs far less than the transport's default, a fresh 256 KiB bytes per read.
+    read_buffer: memoryview = field(default_factory=lambda: memoryview(bytearray(1 << 16)), compare=False)
+
+    @classmethod
+    async def resolve(cls, base_url: str) -> "_Target":
+        parts = urlsplit(base_url)
+        secure = parts.scheme == "https"
+        port = parts.port or (443 if secure else 80)
+        infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+        addresses = tuple(dict.fromkeys((family, address) for family, _, _, _, address in infos))
+        return cls(addresses, ssl_module.create_default_context() if secure else None, parts.hostname,
+                   parts.path.rstrip("/") + "/v1/completions", parts.netloc.rsplit("@", 1)[-1])
+
+    def request(self, body: bytes) -> bytes:
+        """The HTTP/1.1 POST of ``body`` to the completions path."""
+        # Connection: close because every request gets a fresh connection: servers close idle keep-alive sockets
+        # (llama.cpp does), and a reused stale socket would fail with an error that is not the server's fault.
+        return (f"POST {self.path} HTTP/1.1\r\nHost: {self.host_header}\r\nContent-Type: application/json\r\n"
+                f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                ).encode() + body
+
+    async def start(self, response: _StreamedResponse) -> None:
+        """Connect, send ``response.request`` and attach ``response`` to the connection, trying each address.
+
+        Without TLS the request leaves in the same step as the connect (a loopback or LAN handshake completes
+        inside connect()), so when many streams start at once, no request waits for the others' connection set-up.
+        """
+        loop = asyncio.get_running_loop()
+        for k, (family, address) in enumerate(self.addresses):
+            try:
+                if self.ssl is not None:
+                    await loop.create_connection(lambda: response, address[0], address[1], ssl=self.ssl,
+                                                 server_hostname=self.hostname)
+                    return
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                try:
+                    sock.setblocking(False)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    code = sock.connect_ex(address)
+                    if code == errno.EINPROGRESS:
+                        try:
+                            sock.getpeername()
+                        except OSError:  # the handshake is still under way
+                            await loop.sock_connect(sock, address)
+                    elif code:
+                        raise OSError(code, os.strerror(code))
+                    try:
+                        sent = sock.send(response.request)
+                    except BlockingIOError:
+                        sent = 0
+                    response.request = response.request[sent:]  # what is left goes out through the transport
+                    await loop.create_connection(lambda: response, sock=sock)
+                    return
+                except BaseException:
+                    sock.close()
+                    raise
+            except OSError:
+                if k == len(self.addresses) - 1:
+                    raise
+
+
+async def stream_one(target: _Target, spec: LoadSpec, prompt: list[int], index: int) -> dict:
     """Send one streaming completion; record send time, every chunk's arrival and token count, usage, errors."""
     payload = {
         "model": spec.model,
@@ -147,51 +384,71 @@ async def stream_one(session: aiohttp.ClientSession, spec: LoadSpec, prompt: lis
     }
     rec: dict = {"index": index, "requested_prompt_tokens": len(prompt), "send": now(), "chunks": [],
                  "prompt_tokens": None, "completion_tokens": None, "error": None, "text": ""}
-    text_parts = []
+    response = _StreamedResponse(target.request(json.dumps(payload).encode()), asyncio.get_running_loop(),
+                                 target.read_buffer)
+
+    async def exchange() -> None:
+        rec["send"] = now()  # again: the timeout's task starts in a later step of the event loop
+        await target.start(response)
+        await response.done
+
     try:
-        async with session.post(spec.base_url + "/v1/completions", json=payload) as resp:
-            if resp.status != 200:
-                rec["error"] = f"HTTP {resp.status}: {(await resp.text())[:500]}"
-            else:
-                buf = b""
-                async for data in resp.content.iter_any():
-                    t = now()
-                    buf += data
-                    while b"\n" in buf:
-                        line, buf = buf.split(b"\n", 1)
-                        line = line.strip()
-                        if not line.startswith(b"data:"):
-                            continue
-                        body = line[5:].strip()
-                        if body == b"[DONE]":
-                            continue
-                        chunk = json.loads(body)
-                        if "error" in chunk:
-                            rec["error"] = str(chunk["error"])[:500]
-                            continue
-                        usage = chunk.get("usage")
-                        if usage:
-                            rec["prompt_tokens"] = usage.get("prompt_tokens")
-                            rec["completion_tokens"] = usage.get("completion_tokens")
-                        for choice in chunk.get("choices") or []:
-                            piece = choice.get("text") or ""
-                            n = spec.chunk_tokens(chunk)
-                            if n is None:
-                                n = 1 if piece else 0
-                            if n:
-                                rec["chunks"].append((t, n))
-                                text_parts.append(piece)
-                            if choice.get("finish_reason"):
-                                rec["finish_reason"] = choice["finish_reason"]
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+        await asyncio.wait_for(exchange(), spec.request_timeout_s)
+        rec["error"] = response.error
+    except asyncio.TimeoutError:
+        rec["error"] = f"TimeoutError: no complete response within request_timeout_s = {spec.request_timeout_s:g} s"
+    except OSError as exc:
         rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
-    rec["end"] = now()
-    rec["text"] = "".join(text_parts)
+    finally:
+        if response.transport is not None:
+            response.transport.close()
+    rec["end"] = response.end if response.end is not None else now()
+    if response.status is not None and response.status != 200:
+        body = b"".join(response.body).decode("utf-8", "replace")
+        rec["error"] = f"HTTP {response.status}: {body[:500]}"
+    else:
+        _read_events(rec, response, spec.chunk_tokens)
     if rec["completion_tokens"] is None and rec["chunks"]:
         rec["completion_tokens"] = sum(n for _, n in rec["chunks"])
     if not rec["error"] and not rec["chunks"]:
         rec["error"] = "stream ended without any token"
     return rec
+
+
+def _read_events(rec: dict, response: _StreamedResponse, chunk_tokens: Callable[[dict], int | None]) -> None:
+    """Fill ``rec`` from the events of a finished 200 response: token chunks at their arrival times, text, usage."""
+    stamps, payloads = response.events()
+    kept = [(t, p) for t, p in zip(stamps, payloads) if p != b"[DONE]"]
+    if not kept:
+        return
+    try:
+        chunks = json.loads(b"[" + b",".join(p for _, p in kept) + b"]")  # one parse for the whole stream
+    except json.JSONDecodeError as exc:
+        rec["error"] = rec["error"] or f"JSONDecodeError in the event stream: {exc}"[:500]
+        return
+    if len(chunks) != len(kept) or not all(isinstance(c, dict) for c in chunks):
+        rec["error"] = rec["error"] or "event stream has a data line that is not one JSON object"
+        return
+    text_parts = []
+    for (t, _), chunk in zip(kept, chunks):
+        if "error" in chunk:
+            rec["error"] = str(chunk["error"])[:500]
+            continue
+        usage = chunk.get("usage")
+        if usage:
+            rec["prompt_tokens"] = usage.get("prompt_tokens")
+            rec["completion_tokens"] = usage.get("completion_tokens")
+        for choice in chunk.get("choices") or []:
+            piece = choice.get("text") or ""
+            n = chunk_tokens(chunk)
+            if n is None:
+                n = 1 if piece else 0
+            if n:
+                rec["chunks"].append((t, n))
+                text_parts.append(piece)
+            if choice.get("finish_reason"):
+                rec["finish_reason"] = choice["finish_reason"]
+    rec["text"] = "".join(text_parts)
 
 
 async def run_load(spec: LoadSpec) -> tuple[list[dict], dict]:
@@ -213,47 +470,43 @@ async def run_load(spec: LoadSpec) -> tuple[list[dict], dict]:
 async def _run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] | None = None,
                           indexed: list[tuple[int, list[int]]] | None = None) -> tuple[list[dict], dict]:
     """One event loop drives every stream of ``spec`` (or of ``indexed``, this worker's share of the prompts)."""
-    timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s)
-    # A fresh connection per request: servers close idle keep-alive sockets (llama.cpp does), and a reused stale
-    # socket would surface as a spurious "server disconnected" error that is not the server's fault.
-    connector = aiohttp.TCPConnector(limit=spec.concurrency + 4, force_close=True)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        if spec.warmup_prompts:
-            await asyncio.gather(*(stream_one(session, spec, p, -1 - i) for i, p in enumerate(spec.warmup_prompts)))
-        if before_measuring is not None:
-            await asyncio.get_running_loop().run_in_executor(None, before_measuring)
-        queue: asyncio.Queue = asyncio.Queue()
-        for i, p in indexed if indexed is not None else enumerate(spec.prompts):
-            queue.put_nowait((i, p))
-        records: list[dict] = []
-        bar = None
-        if spec.progress:
-            from tqdm import tqdm
+    target = await _Target.resolve(spec.base_url)
+    if spec.warmup_prompts:
+        await asyncio.gather(*(stream_one(target, spec, p, -1 - i) for i, p in enumerate(spec.warmup_prompts)))
+    if before_measuring is not None:
+        await asyncio.get_running_loop().run_in_executor(None, before_measuring)
+    queue: asyncio.Queue = asyncio.Queue()
+    for i, p in indexed if indexed is not None else enumerate(spec.prompts):
+        queue.put_nowait((i, p))
+    records: list[dict] = []
+    bar = None
+    if spec.progress:
+        from tqdm import tqdm
 
-            bar = tqdm(total=queue.qsize(), desc=spec.label or "cell", unit="req", file=sys.stderr,
-                       mininterval=1.0, leave=False)
+        bar = tqdm(total=queue.qsize(), desc=spec.label or "cell", unit="req", file=sys.stderr,
+                   mininterval=1.0, leave=False)
 
-        async def worker() -> None:
-            while True:
-                try:
-                    i, p = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                records.append(await stream_one(session, spec, p, i))
-                if bar is not None:
-                    bar.update(1)
-
-        monitor = LoopLagMonitor()
-        monitor.start()
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        try:
-            await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
-        finally:
-            client = await monitor.stop()
-            client["client_cpu_s"] = time.process_time() - cpu0
-            client["client_wall_s"] = time.monotonic() - wall0
+    async def worker() -> None:
+        while True:
+            try:
+                i, p = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            records.append(await stream_one(target, spec, p, i))
             if bar is not None:
-                bar.close()
+                bar.update(1)
+
+    monitor = LoopLagMonitor()
+    monitor.start()
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    try:
+        await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
+    finally:
+        client = await monitor.stop()
+        client["client_cpu_s"] = time.process_time() - cpu0
+        client["client_wall_s"] = time.monotonic() - wall0
+        if bar is not None:
+            bar.close()
     return records, client
 
 

@@ -116,3 +116,165 @@ def test_share_is_proportional_and_complete():
     parts = loadgen._share(list(range(10)), [3, 1, 1])
     assert [len(p) for p in parts] == [6, 2, 2]
     assert sum(parts, []) == list(range(10))
+
+
+# --- the HTTP/SSE client against scripted servers: the exact bytes, split where a real network may split them
+
+
+def _event(text: str, finish: str | None = None) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish}]}).encode() + \
+        b"\n\n"
+
+
+_USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}}\n\ndata: [DONE]\n\n'
+_SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+_CHUNKED_HEAD = _SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+_CLOSE = None
+
+
+def _frame(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+class _Scripted(asyncio.Protocol):
+    """Answers each request by writing ``script``'s pieces, each after its delay; ``_CLOSE`` closes the socket."""
+
+    def __init__(self, script: list[tuple[float, bytes | None]], bodies: list):
+        self.script, self.bodies, self.buf = script, bodies, b""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        head, sep, body = self.buf.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        if sep and len(body) >= length:
+            self.bodies.append(json.loads(body))
+            asyncio.get_running_loop().create_task(self._play())
+
+    async def _play(self) -> None:
+        for delay, piece in self.script:
+            await asyncio.sleep(delay)
+            if piece is _CLOSE:
+                self.transport.close()
+                return
+            self.transport.write(piece)
+
+
+def _run_scripted(script, **spec_kw) -> tuple[dict, list[dict]]:
+    """One request against a server playing ``script``: (its record, the request bodies the server got)."""
+    async def go():
+        bodies: list = []
+        server = await asyncio.get_running_loop().create_server(lambda: _Scripted(script, bodies), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            records, _ = await run_load(_spec(f"http://127.0.0.1:{port}", concurrency=1, prompts=[[1, 2, 3]],
+                                              output_tokens=3, **spec_kw))
+        finally:
+            server.close()
+        return records[0], bodies
+
+    return asyncio.run(go())
+
+
+def _stamps(rec: dict) -> list[float]:
+    return [t - rec["send"] for t, _ in rec["chunks"]]
+
+
+STEP_S = 0.05
+
+
+def test_events_split_across_reads_and_several_per_read():
+    one, two, three = _event(" a"), _event(" b"), _event(" c", "length")
+    rec, bodies = _run_scripted([
+        (0, _SSE_HEAD + b"Content-Length: " + str(len(one + two + three + _USAGE)).encode() + b"\r\n\r\n"),
+        (STEP_S, one + two[:9]),  # the second event's "data:" line is cut after its first bytes
+        (STEP_S, two[9:] + three + _USAGE),  # ... and ends in the same read as the third
+    ])
+    assert rec["error"] is None
+    assert bodies[0]["stream"] is True and bodies[0]["prompt"] == [1, 2, 3] and bodies[0]["max_tokens"] == 3
+    first, second, third = _stamps(rec)
+    assert STEP_S <= first < STEP_S + 0.04
+    assert second == third  # events that complete in one read share its arrival time
+    assert 0.5 * STEP_S < second - first < STEP_S + 0.04
+    assert rec["text"] == " a b c" and rec["finish_reason"] == "length"
+    assert (rec["prompt_tokens"], rec["completion_tokens"]) == (3, 3)
+    assert rec["end"] - rec["send"] >= second
+
+
+def test_chunked_framing_split_anywhere():
+    events = _event(" a") + _event(" b") + _event(" c", "length") + _USAGE
+    cut = len(_event(" a")) + 4  # inside the second event's "data:"
+    framed = _frame(events[:cut]) + _frame(events[cut:]) + b"0\r\n\r\n"
+    in_size_line = framed.index(b"\r\n") + 1  # between the CR and the LF of the first chunk-size line
+    in_second_size_line = len(_frame(events[:cut])) + 1
+    rec, _ = _run_scripted([(0, _CHUNKED_HEAD), (STEP_S, framed[:in_size_line]),
+                            (STEP_S, framed[in_size_line:in_second_size_line]),
+                            (STEP_S, framed[in_second_size_line:-3]), (STEP_S, framed[-3:])])
+    assert rec["error"] is None
+    first, second, third = _stamps(rec)
+    assert second - first > 0.5 * STEP_S and third == second
+    assert rec["end"] - rec["send"] > third + 0.5 * STEP_S  # the response ends with the last chunk's framing
+    assert rec["text"] == " a b c" and rec["completion_tokens"] == 3
+
+
+def test_body_ending_at_connection_close():
+    text = "\ndata: 1"  # JSON escapes the newline, so this is no event line
+    rec, _ = _run_scripted([(0, _SSE_HEAD + b"\r\n" + _event(text)), (STEP_S, _event(" b", "stop")),
+                            (0, _CLOSE)])
+    assert rec["error"] is None and rec["text"] == text + " b" and rec["finish_reason"] == "stop"
+    assert rec["completion_tokens"] == 2  # no usage event: one token per chunk with text
+    assert _stamps(rec)[1] - _stamps(rec)[0] > 0.5 * STEP_S
+
+
+def test_non_200_reports_status_and_body():
+    body = b'{"error": {"message": "model overloaded"}}'
+    rec, _ = _run_scripted([(0, b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)])
+    assert rec["error"] == "HTTP 503: " + body.decode()
+    assert rec["chunks"] == []
+
+
+def test_error_event_in_stream():
+    rec, _ = _run_scripted([(0, _CHUNKED_HEAD + _frame(_event(" a") + b'data: {"error": "out of memory"}\n\n')
+                             + b"0\r\n\r\n")])
+    assert rec["error"] == "out of memory"
+
+
+def test_connection_dropped_mid_stream():
+    rec, _ = _run_scripted([(0, _CHUNKED_HEAD + _frame(_event(" a"))), (STEP_S, _frame(_event(" b"))),
+                            (0, _CLOSE)])
+    assert rec["error"].startswith("server closed the connection before the response ended")
+    assert len(rec["chunks"]) == 2  # what arrived is kept, but the error keeps it out of the statistics
+
+
+def test_timeout():
+    t0 = time.monotonic()
+    rec, _ = _run_scripted([(0, _CHUNKED_HEAD + _frame(_event(" a"))), (5, _frame(_event(" b")))],
+                           request_timeout_s=0.2)
+    assert time.monotonic() - t0 < 2
+    assert rec["error"].startswith("TimeoutError") and "request_timeout_s" in rec["error"]
+    assert 0.2 <= rec["end"] - rec["send"] < 1
+
+
+def test_connection_refused():
+    async def go():
+        server = await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        return await run_load(_spec(f"http://127.0.0.1:{port}", concurrency=1, prompts=[[1]]))
+
+    records, _ = asyncio.run(go())
+    assert records[0]["error"].startswith("ConnectionRefusedError")
+
+
+def test_engine_chunk_tokens_counts_each_chunk():
+    usage = _USAGE.replace(b'"completion_tokens": 3', b'"completion_tokens": 4')
+    events = _event(" a b") + _event(" c d", "length") + usage
+    rec, _ = _run_scripted([(0, _CHUNKED_HEAD + _frame(events) + b"0\r\n\r\n")],
+                           chunk_tokens=lambda chunk: len(chunk["choices"][0]["text"].split()))
+    assert [n for _, n in rec["chunks"]] == [2, 2]
+    assert rec["completion_tokens"] == 4 and rec["text"] == " a b c d"

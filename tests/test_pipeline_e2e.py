@@ -103,6 +103,12 @@ def test_pipeline_end_to_end(workdir):
     assert not leftover, "a server outlived its job"
 
 
+def test_snakemake_html_report(workdir):
+    snakemake(workdir, "--report", "report.html")
+    html = (workdir / "report.html").read_text(errors="replace")
+    assert "FINDINGS.md" in html and "throughput_vs_concurrency.png" in html
+
+
 def test_nothing_to_do_after_a_complete_run(workdir):
     out = snakemake(workdir, "-n", "report").stdout
     assert planned_jobs(out) == []
