@@ -4,9 +4,9 @@ It knows HTTP and timing, not engines: the engine-specific bits (tokenizer endpo
 output length, tokens per chunk) come in as callables. Prompts are token-id lists of an exact length, each unique,
 so no request is served from another's prefix cache.
 
-The measured streams use a small HTTP/1.1 client of its own (``_StreamedResponse``): a chunk costs a timestamp and a
-byte count, and the JSON is parsed when the stream has ended, so the client can consume several times the stream
-rate of one that parses every chunk as it arrives (docs/performance.md).
+Requests go through a small HTTP/1.1 client of its own (``_StreamedResponse``): per read it stamps the time and
+counts the event lines, and the JSON is parsed once the stream has ended. docs/performance.md measures it against
+SGLang's and vLLM's benchmark clients.
 """
 from __future__ import annotations
 
@@ -315,6 +315,7 @@ class _Target:
 
     @classmethod
     async def resolve(cls, base_url: str) -> "_Target":
+        """The target of ``base_url`` (``http`` or ``https``, with an optional path prefix)."""
         parts = urlsplit(base_url)
         secure = parts.scheme == "https"
         port = parts.port or (443 if secure else 80)
@@ -388,7 +389,7 @@ async def stream_one(target: _Target, spec: LoadSpec, prompt: list[int], index: 
                                  target.read_buffer)
 
     async def exchange() -> None:
-        rec["send"] = now()  # again: the timeout's task starts in a later step of the event loop
+        rec["send"] = now()  # when the request really starts: wait_for runs this in a task of its own, a step later
         await target.start(response)
         await response.done
 
