@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import socket
 import statistics
 import time
@@ -258,8 +259,6 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
 
 def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
     """Copy the finished attempt to the declared outputs."""
-    import shutil
-
     write_csv(paths.cells_csv, writer.cells)
     shutil.copyfile(writer.requests_path, paths.requests_jsonl)
     shutil.copyfile(paths.attempt_dir / "server.log", paths.server_log)

@@ -1,3 +1,4 @@
+import contextlib
 import copy
 import sys
 from pathlib import Path
@@ -13,3 +14,18 @@ sys.path.insert(0, str(ROOT))
 def default_config() -> dict:
     """The embedded default config as a fresh dict."""
     return copy.deepcopy(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+
+
+@contextlib.asynccontextmanager
+async def loopback_app(app):
+    """Serve an aiohttp ``app`` on a free loopback port for the duration of the block; yields its base URL."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    finally:
+        await runner.cleanup()

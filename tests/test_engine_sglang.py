@@ -8,6 +8,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from conftest import loopback_app
+
 from servesweep.config import ServerConfig
 from servesweep.engines import get_engine
 from servesweep.engines.sglang import build_argv, flag_problems, server_identity
@@ -188,16 +190,8 @@ def _serve(routes, check):
         app = web.Application()
         for method, path, handler in routes:
             app.router.add_route(method, path, handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            async with aiohttp.ClientSession() as session:
-                return await check(session, f"http://127.0.0.1:{port}")
-        finally:
-            await runner.cleanup()
+        async with loopback_app(app) as base, aiohttp.ClientSession() as session:
+            return await check(session, base)
     return asyncio.run(go())
 
 

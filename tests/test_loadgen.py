@@ -7,6 +7,8 @@ import time
 import pytest
 from aiohttp import web
 
+from conftest import loopback_app
+
 from servesweep import loadgen
 from servesweep.clock import now
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS, LoadSpec, is_client_bound, run_load
@@ -35,15 +37,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 async def _with_server(fn):
     app = web.Application()
     app.router.add_post("/v1/completions", _completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        return await fn(f"http://127.0.0.1:{port}")
-    finally:
-        await runner.cleanup()
+    async with loopback_app(app) as base:
+        return await fn(base)
 
 
 def _spec(url: str, **kw) -> LoadSpec:
