@@ -6,6 +6,7 @@ rule bench_config:
         env=ancient(f"results/env/{HOST}.json"),
     output:
         cells="results/runs/{cfg}/cells.csv",
+        repeats="results/runs/{cfg}/repeats.csv",
         requests="results/runs/{cfg}/requests.jsonl",
         meta="results/runs/{cfg}/meta.json",
         server_log="results/runs/{cfg}/server.log",

@@ -23,6 +23,7 @@ rule report:
 rule write_findings:
     input:
         cells="results/tables/cells.csv",
+        noise="results/tables/noise.json",
         throughput="results/tables/throughput.md",
         speedup="results/tables/speedup.csv",
         speedup_md="results/tables/speedup.md",

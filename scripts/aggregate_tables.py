@@ -2,6 +2,10 @@ import sys
 
 sys.stderr = open(snakemake.log[0], "w")
 
-from servesweep.aggregate import build_tables
+from pathlib import Path
 
-build_tables(list(snakemake.input.cells), list(snakemake.input.meta), snakemake.params.baseline, snakemake.output)
+from servesweep.aggregate import TablePaths, build_tables
+
+build_tables([Path(p) for p in snakemake.input.cells], [Path(p) for p in snakemake.input.repeats],
+             [Path(p) for p in snakemake.input.meta], snakemake.params.baseline,
+             TablePaths(**{k: Path(v) for k, v in snakemake.output.items()}))

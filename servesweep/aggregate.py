@@ -1,26 +1,39 @@
-"""Aggregate per-config cells into the sweep's tables (pandas): throughput and speedup vs the baseline."""
+"""Aggregate per-config cells into the sweep's tables (pandas): throughput with intervals, speedup vs the baseline
+with Fieller intervals and significance verdicts, the sweep's measured noise band, energy."""
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from servesweep import diagnosis, roofline
+from servesweep import stats as stats_mod
+
+CELL_KEYS = ["workload", "ctx", "concurrency"]
 
 THROUGHPUT_COLUMNS = {
     "config": "config",
+    "workload": "workload",
     "ctx": "ctx",
     "concurrency": "C",
+    "repeats": "repeats",
     "agg_output_tok_s": "agg tok/s",
     "per_request_tok_s": "per-req tok/s",
-    "wall_s": "wall s",
-    "prompt_tokens": "prompt tokens",
+    "ttft_p50_s": "TTFT p50 s",
+    "tpot_p50_s": "TPOT p50 s",
+    "itl_p50_s": "ITL/token p50 s",
+    "itl_chunk_p50_s": "ITL/chunk p50 s",
+    "window_s": "window s",
     "errors": "errors",
     "client_bound": "client-bound",
 }
 ENERGY_COLUMNS = {
     "config": "config",
+    "workload": "workload",
     "ctx": "ctx",
     "concurrency": "C",
     "agg_output_tok_s": "agg tok/s",
@@ -45,41 +58,203 @@ ENERGY_COLUMNS = {
 }
 
 
-def load_cells(cell_paths: list[str], meta_paths: list[str]) -> pd.DataFrame:
+@dataclass(frozen=True)
+class TablePaths:
+    """Where ``build_tables`` writes."""
+
+    cells: Path
+    repeats: Path
+    noise: Path
+    throughput: Path
+    throughput_md: Path
+    speedup: Path
+    speedup_md: Path
+    energy: Path
+    energy_md: Path
+
+
+def _with_keys(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs recorded before workloads existed measured synthetic prompts only."""
+    if "workload" not in df:
+        df.insert(2 if len(df.columns) >= 2 else 0, "workload", "synthetic")
+    return df
+
+
+def load_cells(cell_paths: list[Path], meta_paths: list[Path]) -> pd.DataFrame:
     """All configs' cells in one frame, with each config's labels as ``label_*`` columns."""
     frames = []
-    for cells_path, meta_path in zip(sorted(cell_paths), sorted(meta_paths)):
-        meta = json.loads(Path(meta_path).read_text())
-        df = pd.read_csv(cells_path)
+    metas = {json.loads(Path(p).read_text())["config"]: json.loads(Path(p).read_text()) for p in meta_paths}
+    for cells_path in sorted(cell_paths):
+        df = _with_keys(pd.read_csv(cells_path))
+        if df.empty:
+            continue
+        meta = metas[df["config"].iloc[0]]
         for key, value in (meta.get("labels") or {}).items():
             df[f"label_{key}"] = value
         df["engine_version"] = meta.get("engine_version")
+        if "repeats" not in df:
+            df["repeats"] = 1
         frames.append(roofline.annotate(df, meta))
     cells = diagnosis.annotate(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
-    return cells.sort_values(["config", "ctx", "concurrency"]).reset_index(drop=True)
+    return cells.sort_values(["config", *CELL_KEYS]).reset_index(drop=True)
+
+
+def load_repeats(repeat_paths: list[Path], cells: pd.DataFrame) -> pd.DataFrame:
+    """Every repeat of every cell; a config without a repeats file (recorded before repeats) gives its cells as
+    one repeat each, which carries no interval."""
+    frames = [_with_keys(pd.read_csv(p)) for p in repeat_paths if Path(p).exists() and Path(p).stat().st_size]
+    have = {f["config"].iloc[0] for f in frames if not f.empty}
+    missing = cells[~cells["config"].isin(have)].copy()
+    if not missing.empty:
+        missing["repeat"] = 0
+        frames.append(missing)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _repeat_values(repeats: pd.DataFrame, config: str, key: tuple, column: str) -> list[float]:
+    sel = repeats[(repeats["config"] == config) & (repeats["workload"] == key[0]) & (repeats["ctx"] == key[1])
+                  & (repeats["concurrency"] == key[2])]
+    return [float(x) for x in sel[column].dropna()] if column in sel else []
+
+
+def ratio_rows(repeats: pd.DataFrame, config: str, reference: str, column: str = "agg_output_tok_s") -> list[dict]:
+    """Per cell both configs measured: ``config``'s mean over ``reference``'s for ``column``, with its Fieller
+    interval over the two configs' repeats."""
+    out = []
+    keys = repeats[repeats["config"] == config][CELL_KEYS].drop_duplicates().itertuples(index=False)
+    for key in keys:
+        a = _repeat_values(repeats, config, tuple(key), column)
+        b = _repeat_values(repeats, reference, tuple(key), column)
+        if not a or not b:
+            continue
+        ratio, lo, hi = stats_mod.ratio_ci95(a, b)
+        out.append({"workload": key[0], "ctx": key[1], "concurrency": key[2], "ratio": ratio, "lo": lo, "hi": hi,
+                    "repeats": len(a), "reference_repeats": len(b)})
+    return out
+
+
+def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
+    """The sweep's measured noise: how far apart measurements that should be equal came out.
+
+    - With replicate configs (``replicate_of``: an identical copy measured as its own job), the band is the
+      farthest any copy's throughput ratio to its original, or that ratio's 95 % interval, reached from 1 in any
+      cell: launch-to-launch and order effects included.
+    - Otherwise, the baseline's own repeats: the largest relative range (max − min) / mean over its cells. This
+      misses launch-to-launch variation, which only a replicate measures; the report says which source was used.
+    - With one repeat and no replicate there is no band, and no difference is called.
+    """
+    replicas = {m["config"]: m["labels"]["replicate_of"] for m in metas
+                if (m.get("labels") or {}).get("replicate_of")}
+    per_cell = []
+    for copy, original in sorted(replicas.items()):
+        for r in ratio_rows(repeats, copy, original):
+            per_cell.append({**r, "config": copy, "reference": original,
+                             "band": stats_mod.relative_band(r["lo"], r["hi"], r["ratio"])})
+    if per_cell:
+        bands = [c["band"] for c in per_cell if not math.isnan(c["band"])]
+        return {"source": "replicate", "band": max(bands) if bands else math.nan, "replicates": replicas,
+                "cells": per_cell}
+    base = repeats[repeats["config"] == baseline]
+    spreads = []
+    for key, g in base.groupby(CELL_KEYS):
+        xs = g["agg_output_tok_s"].dropna()
+        if len(xs) >= 2 and xs.mean() > 0:
+            spreads.append({"workload": key[0], "ctx": int(key[1]), "concurrency": int(key[2]), "repeats": len(xs),
+                            "band": float((xs.max() - xs.min()) / xs.mean())})
+    if spreads:
+        return {"source": "baseline repeats", "band": max(s["band"] for s in spreads), "cells": spreads}
+    return {"source": "none", "band": math.nan, "cells": [],
+            "why": "one repeat per cell and no replicate config: no measured noise, so no difference is called"}
+
+
+def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, band: float) -> pd.DataFrame:
+    """Every other config against the baseline at the same (workload, ctx, C): throughput and per-request speedup
+    with Fieller 95 % intervals over repeats, and the verdict against the noise band."""
+    rows = []
+    for cfg in sorted(set(cells["config"]) - {baseline}):
+        per_req = {(r["workload"], r["ctx"], r["concurrency"]): r
+                   for r in ratio_rows(repeats, cfg, baseline, "per_request_tok_s")}
+        for r in ratio_rows(repeats, cfg, baseline):
+            key = (r["workload"], r["ctx"], r["concurrency"])
+            pr = per_req.get(key, {})
+            mine = cells[(cells["config"] == cfg) & (cells["workload"] == key[0]) & (cells["ctx"] == key[1])
+                         & (cells["concurrency"] == key[2])]
+            base = cells[(cells["config"] == baseline) & (cells["workload"] == key[0]) & (cells["ctx"] == key[1])
+                         & (cells["concurrency"] == key[2])]
+            rows.append({
+                "config": cfg, "workload": key[0], "ctx": key[1], "concurrency": key[2],
+                "agg_output_tok_s": mine["agg_output_tok_s"].iloc[0],
+                "baseline_agg_tok_s": base["agg_output_tok_s"].iloc[0],
+                "speedup": r["ratio"], "speedup_lo": r["lo"], "speedup_hi": r["hi"],
+                "per_request_speedup": pr.get("ratio", math.nan), "per_request_speedup_lo": pr.get("lo", math.nan),
+                "per_request_speedup_hi": pr.get("hi", math.nan),
+                "repeats": r["repeats"], "baseline_repeats": r["reference_repeats"], "noise_band": band,
+                "verdict": stats_mod.verdict(r["lo"], r["hi"], band),
+                "per_request_verdict": stats_mod.verdict(pr.get("lo", math.nan), pr.get("hi", math.nan), band),
+                "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]
+                                     or base.get("client_bound", pd.Series([False])).fillna(False).iloc[0]),
+            })
+    cols = ["config", "workload", "ctx", "concurrency", "agg_output_tok_s", "baseline_agg_tok_s", "speedup",
+            "speedup_lo", "speedup_hi", "per_request_speedup", "per_request_speedup_lo", "per_request_speedup_hi",
+            "repeats", "baseline_repeats", "noise_band", "verdict", "per_request_verdict", "client_bound"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def with_ci(df: pd.DataFrame, column: str, fmt: str = ".1f") -> pd.Series:
+    """``mean ± half-width`` strings (just the mean where one repeat gave no interval)."""
+    ci = df.get(f"{column}_ci95", pd.Series(np.nan, index=df.index))
+
+    def one(m, h):
+        if pd.isna(m):
+            return "–"
+        return f"{m:{fmt}} ± {h:{fmt}}" if pd.notna(h) else f"{m:{fmt}}"
+
+    return pd.Series([one(m, h) for m, h in zip(df[column], ci)], index=df.index)
 
 
 def throughput_table(cells: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in THROUGHPUT_COLUMNS if c in cells]
-    return cells[cols].rename(columns=THROUGHPUT_COLUMNS)
+    out = cells[cols].copy()
+    for col in ("agg_output_tok_s_ci95", "per_request_tok_s_ci95"):
+        if col in cells:
+            out[col] = cells[col]
+    return out.rename(columns=THROUGHPUT_COLUMNS)
+
+
+def throughput_markdown(cells: pd.DataFrame) -> str:
+    """Throughput and latency per cell, each figure as mean ± 95 % half-width over the repeats."""
+    shown = cells[[c for c in THROUGHPUT_COLUMNS if c in cells]].copy()
+    for col, fmt in (("agg_output_tok_s", ".1f"), ("per_request_tok_s", ".1f"), ("ttft_p50_s", ".4f"),
+                     ("tpot_p50_s", ".4f"), ("itl_p50_s", ".4f"), ("itl_chunk_p50_s", ".4f")):
+        if col in cells:
+            shown[col] = with_ci(cells, col, fmt)
+    if "window_s" in shown:
+        shown["window_s"] = shown["window_s"].map(lambda x: f"{x:.1f}")
+    return shown.rename(columns=THROUGHPUT_COLUMNS).to_markdown(index=False) + "\n"
+
+
+def speedup_markdown(sp: pd.DataFrame, baseline: str) -> str:
+    def interval(r, prefix):
+        lo, hi = r[f"{prefix}_lo"], r[f"{prefix}_hi"]
+        if pd.isna(lo):
+            return f"{r[prefix]:.2f}× (no interval)"
+        return f"{r[prefix]:.2f}× [{lo:.2f}, {hi:.2f}]"
+
+    shown = pd.DataFrame({
+        "config": sp["config"], "workload": sp["workload"], "ctx": sp["ctx"], "C": sp["concurrency"],
+        "agg tok/s": sp["agg_output_tok_s"].map(lambda x: f"{x:.1f}"),
+        f"{baseline} tok/s": sp["baseline_agg_tok_s"].map(lambda x: f"{x:.1f}"),
+        "speedup [95 % CI]": [interval(r, "speedup") for _, r in sp.iterrows()],
+        "per-request speedup [95 % CI]": [interval(r, "per_request_speedup") for _, r in sp.iterrows()],
+        "verdict": sp["verdict"],
+    })
+    return shown.to_markdown(index=False) + "\n"
 
 
 def energy_table(cells: pd.DataFrame) -> pd.DataFrame:
     """Energy, power, utilisation, % of the decode ceiling and the bottleneck verdict per cell."""
     cols = [c for c in ENERGY_COLUMNS if c in cells]
     return cells[cols].rename(columns=ENERGY_COLUMNS)
-
-
-def speedup_table(cells: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Every config's throughput over the baseline's at the same (ctx, C); cells the baseline lacks are dropped."""
-    base = cells[cells["config"] == baseline][["ctx", "concurrency", "agg_output_tok_s", "per_request_tok_s"]]
-    base = base.rename(columns={"agg_output_tok_s": "baseline_agg_tok_s", "per_request_tok_s": "baseline_per_req_tok_s"})
-    merged = cells.merge(base, on=["ctx", "concurrency"], how="inner")
-    merged["speedup"] = merged["agg_output_tok_s"] / merged["baseline_agg_tok_s"]
-    merged["per_request_speedup"] = merged["per_request_tok_s"] / merged["baseline_per_req_tok_s"]
-    cols = ["config", "ctx", "concurrency", "agg_output_tok_s", "baseline_agg_tok_s", "speedup",
-            "per_request_speedup"]
-    return merged[cols].sort_values(["config", "ctx", "concurrency"]).reset_index(drop=True)
 
 
 def to_markdown(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
@@ -99,18 +274,22 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def build_tables(cell_paths: list[str], meta_paths: list[str], baseline: str, out) -> None:
-    """Write cells.csv, throughput.{csv,md}, speedup.{csv,md} and energy.{csv,md}."""
+def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: list[Path], baseline: str,
+                 out: TablePaths) -> None:
+    """Write the sweep's tables: cells, repeats, noise band, throughput, speedup and energy (CSV and markdown)."""
     cells = load_cells(cell_paths, meta_paths)
+    metas = [json.loads(Path(p).read_text()) for p in meta_paths]
+    repeats = load_repeats(repeat_paths, cells)
     cells.to_csv(out.cells, index=False)
+    repeats.to_csv(out.repeats, index=False)
+    noise = noise_band(repeats, metas, baseline)
+    Path(out.noise).write_text(json.dumps(noise, indent=2, default=float) + "\n")
     tp = throughput_table(cells)
     tp.to_csv(out.throughput, index=False)
-    Path(out.throughput_md).write_text(to_markdown(tp, ".1f"))
-    sp = speedup_table(cells, baseline)
+    Path(out.throughput_md).write_text(throughput_markdown(cells))
+    sp = speedup_table(cells, repeats, baseline, noise["band"])
     sp.to_csv(out.speedup, index=False)
-    shown = sp.rename(columns={"concurrency": "C", "agg_output_tok_s": "agg tok/s",
-                               "baseline_agg_tok_s": f"{baseline} tok/s"})
-    Path(out.speedup_md).write_text(to_markdown(shown))
+    Path(out.speedup_md).write_text(speedup_markdown(sp, baseline))
     energy = energy_table(cells)
     energy.to_csv(out.energy, index=False)
     Path(out.energy_md).write_text(to_markdown(readable(energy.dropna(axis="columns", how="all")), "g"))

@@ -16,7 +16,7 @@ import socket
 import statistics
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
@@ -27,15 +27,28 @@ from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, run_correctness
 from servesweep.engines import get_engine
 from servesweep.lifecycle import ServerProcess, free_port, wait_until_ready
-from servesweep.loadgen import LoadSpec, PromptFactory, corpus_text, run_load
+from servesweep.loadgen import (LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan, corpus_text,
+                                run_load)
 from servesweep.telemetry import Telemetry, energy_per_token
 
-NON_AVERAGED = {"config", "engine", "ctx", "concurrency", "repeats", "cell_start", "cell_end", "requests", "errors"}
+# Columns whose repeats get a 95 % interval in cells.csv (``<col>_ci95``, the half-width).
+CI_COLUMNS = (
+    "agg_output_tok_s", "per_request_tok_s", "request_s",
+    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
+    "itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_chunk_p50_s", "itl_chunk_p90_s", "itl_chunk_p99_s",
+    "e2e_p50_s", "e2e_p90_s", "e2e_p99_s",
+    "gpu_energy_j", "gpu_j_per_output_token", "output_tokens_per_gpu_j", "gpu_power_mean_w",
+    "cpu_energy_j", "cpu_j_per_output_token", "accept_length",
+)
+# Summed over repeats rather than averaged.
+COUNT_COLUMNS = ("requests", "errors", "warmup_requests", "drain_requests", "output_tokens", "prompt_tokens")
+CELL_KEYS = ("workload", "ctx", "concurrency")
 
 
 @dataclass
 class JobPaths:
     cells_csv: Path
+    repeats_csv: Path
     requests_jsonl: Path
     meta_json: Path
     server_log: Path
@@ -46,8 +59,8 @@ class JobPaths:
     def for_config(cls, results: Path, cfg: str, stamp: str | None = None) -> "JobPaths":
         run = Path(results) / "runs" / cfg
         stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
-        return cls(run / "cells.csv", run / "requests.jsonl", run / "meta.json", run / "server.log",
-                   run / "telemetry.csv", Path(results) / "attempts" / cfg / stamp)
+        return cls(run / "cells.csv", run / "repeats.csv", run / "requests.jsonl", run / "meta.json",
+                   run / "server.log", run / "telemetry.csv", Path(results) / "attempts" / cfg / stamp)
 
 
 def config_gpus(sc: ServerConfig, world_size: int) -> list[int]:
@@ -59,24 +72,11 @@ def config_gpus(sc: ServerConfig, world_size: int) -> list[int]:
     return list(range(world_size))
 
 
-def _mean_rows(rows: list[dict]) -> dict:
-    """Combine repeats of one cell: numeric columns averaged, agg tok/s also gets its 95 % interval."""
-    if len(rows) == 1:
-        out = dict(rows[0])
-        out["agg_output_tok_s_ci95"] = math.nan
-        return out
-    out = {k: rows[0][k] for k in rows[0] if k in NON_AVERAGED or not isinstance(rows[0][k], (int, float))}
-    for key in rows[0]:
-        if key in out:
-            continue
-        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
-        out[key] = statistics.fmean(vals) if vals else math.nan
-    m, hw = stats_mod.mean_ci95([r["agg_output_tok_s"] for r in rows if "agg_output_tok_s" in r])
-    out["agg_output_tok_s"], out["agg_output_tok_s_ci95"] = m, hw
-    out["client_bound"] = any(r.get("client_bound", False) for r in rows)  # a bool, so not averaged above
-    out["requests"] = sum(r["requests"] for r in rows)
-    out["errors"] = sum(r["errors"] for r in rows)
-    out["cell_start"], out["cell_end"] = rows[0]["cell_start"], rows[-1]["cell_end"]
+def combine_cell(repeats: list[dict]) -> dict:
+    """One cell from its repeats: means, 95 % half-widths of the ``CI_COLUMNS``, summed counts; client-bound and
+    window-capped if any repeat was."""
+    out = stats_mod.combine_repeats(repeats, CI_COLUMNS, COUNT_COLUMNS)
+    out["cell_start"], out["cell_end"] = repeats[0]["cell_start"], repeats[-1]["cell_end"]
     return out
 
 
@@ -87,6 +87,7 @@ class CellWriter:
         self.dir = attempt_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cells: list[dict] = []
+        self.repeats: list[dict] = []
         self.requests_path = self.dir / "requests.jsonl"
 
     def add_requests(self, records: list[dict]) -> None:
@@ -94,8 +95,14 @@ class CellWriter:
             for r in records:
                 fh.write(json.dumps(r) + "\n")
 
-    def add_cell(self, row: dict) -> None:
-        self.cells.append(row)
+    def add_repeat(self, row: dict) -> None:
+        """Keep one repeat of one cell, and rewrite the cells combined from every repeat measured so far."""
+        self.repeats.append(row)
+        write_csv(self.dir / "repeats.csv", self.repeats)
+        groups: dict[tuple, list[dict]] = {}
+        for r in self.repeats:
+            groups.setdefault(tuple(r[k] for k in CELL_KEYS), []).append(r)
+        self.cells = [combine_cell(rows) for rows in groups.values()]
         write_csv(self.dir / "cells.csv", self.cells)
 
 
@@ -121,73 +128,112 @@ async def _scrape(session: aiohttp.ClientSession, base: str, path: str | None) -
         return None
 
 
+async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, matrix: Matrix) -> tuple[dict, dict]:
+    """The prompt source of every (workload, ctx) and the description of each real-text sample."""
+    async def tok(text: str) -> list[int]:
+        return await engine.tokenize(session, base, text)
+
+    sources: dict = {}
+    described: dict = {}
+    synthetic = [c for c in matrix.context_lengths] if "synthetic" in matrix.workloads else []
+    if synthetic:
+        corpus = await tok(corpus_text(max(256, int(max(synthetic) * 1.3) + 64), seed=17))
+        for ctx in synthetic:
+            sources[("synthetic", ctx)] = await SyntheticPrompts.build(tok, corpus, ctx)
+    real = [w for w in matrix.workloads if w != "synthetic"]
+    if real:
+        from servesweep.workloads import sample_workload
+
+        async def count(text: str) -> int:
+            return len(await tok(text))
+
+        for name in real:
+            sample = await sample_workload(name, matrix.real_text["pool"], matrix.real_text["seed"], count,
+                                           output_tokens_cap=matrix.output_tokens, rules=matrix.real_text["rules"])
+            sources[(name, 0)] = TextPrompts(tuple(Prompt(r.prompt, r.output_tokens, r.source_id)
+                                                   for r in sample.requests))
+            described[name] = {**sample.description, "lengths": sample.length_summary()}
+    return sources, described
+
+
+async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session: aiohttp.ClientSession,
+                       spec: LoadSpec, telemetry: Telemetry, cell_id: str) -> tuple[list[dict], dict]:
+    """One repeat of one steady-state cell: the load, and telemetry, /metrics and the server log over its window.
+
+    Returns (request records, the repeat's row)."""
+    base = server.base_url
+    window: dict = {}
+
+    async def opened() -> None:
+        # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
+        window["log_from"] = server.log_path.stat().st_size
+        telemetry.cell_begin(cell_id)
+        window["metrics_before"] = await _scrape(session, base, engine.metrics_path)
+
+    async def closed() -> None:
+        window["log_to"] = server.log_path.stat().st_size
+        window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
+        window["metrics_after"] = await _scrape(session, base, engine.metrics_path)
+
+    records, client = await run_load(spec, opened, closed)
+    t0, t1 = client["window_start"], client["window_end"]
+    with open(server.log_path, "rb") as fh:
+        fh.seek(window["log_from"])
+        events = engine.parse_log(fh.read(window["log_to"] - window["log_from"]).decode(errors="replace"))
+    for r in records:
+        r["phase"] = "warmup" if r["send"] < t0 else "measured" if r["send"] < t1 else "drain"
+    measured = [r for r in records if r["phase"] == "measured"]
+    row = {"config": sc.name, "engine": sc.engine, "cell_start": client["cell_started"], "cell_end": now()}
+    row.update(stats_mod.window_stats(records, t0, t1))
+    ok = [r for r in measured if not r.get("error") and r.get("prompt_tokens") is not None]
+    row["prompt_tokens_per_request"] = statistics.fmean(r["prompt_tokens"] for r in ok) if ok else math.nan
+    row.update(client)
+    row.update(engine.cell_metrics(events, window["metrics_before"], window["metrics_after"], measured))
+    row.update(window["telemetry"])
+    row.update(energy_per_token(row))
+    return records, row
+
+
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
-                     writer: CellWriter, log) -> None:
-    """Run every ctx × concurrency cell (× repeats) against a ready server."""
+                     writer: CellWriter, log) -> dict:
+    """Run every cell of the matrix ``matrix.repeats`` times against a ready server; returns the workloads' facts.
+
+    Repeats run in rounds (every cell once, then every cell again) so that a slow drift of the host spreads over
+    all cells instead of biasing the last ones; each (cell, repeat) gets prompts of its own.
+    """
     base = server.base_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-        longest = max(matrix.context_lengths)
-        corpus = await engine.tokenize(session, base, corpus_text(max(256, int(longest * 1.3) + 64), seed=17))
-
-        async def tok(text: str) -> list[int]:
-            return await engine.tokenize(session, base, text)
-
-        factory = PromptFactory(corpus, tok)
-        serial = 0
-        # A server told to skip its own warm-up gets ours: the first cell warms with a full batch of its size.
-        first_warmup = max(matrix.warmup_requests, matrix.concurrencies[0]) if engine.needs_client_warmup(sc) \
-            else matrix.warmup_requests
-        for ctx, conc in matrix.cells():
-            repeats = []
-            for rep in range(matrix.repeats):
-                n = matrix.requests_for(conc)
-                n_warm = first_warmup if serial == 0 else matrix.warmup_requests
-                prompts = [await factory.make(f"{sc.name}-{ctx}-{conc}-{rep}", ctx, serial + i) for i in range(n)]
-                warm = [await factory.make(f"warm-{sc.name}-{ctx}-{conc}-{rep}", ctx, serial + n + i)
-                        for i in range(n_warm)]
-                serial += n + n_warm
+        sources, described = await _prompt_sources(session, base, engine, matrix)
+        cells = matrix.cells()
+        for rep in range(matrix.repeats):
+            for k, (workload, ctx, conc) in enumerate(cells):
+                tag = rep * len(cells) + k + 1
+                source = sources[(workload, ctx)]
+                source = replace(source, tag=tag, **({"offset": tag * 101} if isinstance(source, TextPrompts) else {}))
+                warm = matrix.warmup_for(conc)
+                if rep == 0 and k == 0 and engine.needs_client_warmup(sc):
+                    warm = max(warm, 2 * conc, 4)  # the server skipped its own warm-up: the first cell does it
+                plan = WindowPlan(warmup_s=matrix.warmup_s, warmup_requests=warm, measure_s=matrix.measure_s,
+                                  measure_requests=matrix.requests_for(conc), max_s=matrix.max_window_s)
                 if matrix.flush_cache_between_cells:
                     await engine.flush_cache(session, base)
-                spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=prompts,
-                                warmup_prompts=warm, output_tokens=matrix.output_tokens,
-                                temperature=matrix.temperature, extra_fields=engine.request_fields(sc),
-                                request_timeout_s=sc.request_timeout_s, chunk_tokens=engine.chunk_tokens,
-                                label=f"{sc.name} ctx={ctx} C={conc}")
-                metrics_before = await _scrape(session, base, engine.metrics_path)
-                cell_id = f"ctx{ctx}_c{conc}_r{rep}"
-                # Log lines are stamped to the second while a cell can last about as long, so a time window would
-                # take in the neighbouring cells' lines: the cell's lines are the ones appended while it ran.
-                log_from = server.log_path.stat().st_size
-                t_begin = now()
-                telemetry.cell_begin(cell_id)
-                records, client = await run_load(spec)
-                tele = telemetry.cell_end(cell_id)
-                t_end = now()
-                metrics_after = await _scrape(session, base, engine.metrics_path)
-                with open(server.log_path, "rb") as fh:
-                    fh.seek(log_from)
-                    events = engine.parse_log(fh.read().decode(errors="replace"))
+                spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
+                                output_tokens=matrix.output_tokens, temperature=matrix.temperature,
+                                extra_fields=engine.request_fields(sc), request_timeout_s=sc.request_timeout_s,
+                                chunk_tokens=engine.chunk_tokens, label=f"{sc.name} {workload} ctx={ctx} C={conc}",
+                                window=plan, prompt_source=source)
+                records, row = await measure_cell(server, engine, sc, session, spec, telemetry,
+                                                  f"{workload}_ctx{ctx}_c{conc}_r{rep}")
+                keys = {"workload": workload, "ctx": ctx, "concurrency": conc, "repeat": rep}
+                row["requested_prompt_tokens"] = ctx if workload == "synthetic" else math.nan
                 for r in records:
-                    r.update(config=sc.name, ctx=ctx, concurrency=conc, repeat=rep)
+                    r.update(config=sc.name, **keys)
                 writer.add_requests(records)
-                row = {"config": sc.name, "engine": sc.engine, "ctx": ctx, "concurrency": conc,
-                       "cell_start": t_begin, "cell_end": t_end}
-                row.update(stats_mod.cell_stats(records))
-                ok = [r for r in records if not r.get("error")]
-                row["prompt_tokens_per_request"] = (statistics.fmean(r["prompt_tokens"] for r in ok
-                                                                      if r.get("prompt_tokens") is not None)
-                                                    if any(r.get("prompt_tokens") is not None for r in ok) else math.nan)
-                row["requested_prompt_tokens"] = ctx
-                row.update(client)
-                row.update(engine.cell_metrics(events, metrics_before, metrics_after, records))
-                row.update(tele)
-                row.update(energy_per_token(row))
-                repeats.append(row)
-                print(f"[{sc.name}] ctx={ctx} C={conc} rep={rep}: {row.get('agg_output_tok_s', math.nan):.1f} tok/s, "
-                      f"{row['errors']} errors", file=log, flush=True)
-            combined = _mean_rows(repeats)
-            combined["repeats"] = len(repeats)
-            writer.add_cell(combined)
+                writer.add_repeat({**{k: row.pop(k) for k in ("config", "engine")}, **keys, **row})
+                print(f"[{sc.name}] {workload} ctx={ctx} C={conc} rep={rep}: "
+                      f"{row.get('agg_output_tok_s', math.nan):.1f} tok/s over {row['window_s']:.1f} s "
+                      f"({row['requests']} requests in the window), {row['errors']} errors", file=log, flush=True)
+    return described
 
 
 def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths, log,
@@ -199,7 +245,7 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     """
     sc = ServerConfig.from_config(cfg_name, config)
     engine = get_engine(sc.engine)
-    matrix = Matrix.from_config(config["matrix"])
+    matrix = Matrix.from_config(config["matrix"], sc.workloads)
     world = engine.world_size(sc.options)
     port = free_port()
     spec = engine.launch(sc, Path(manifest["path"]), port, engine_facts)
@@ -230,7 +276,7 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
         meta["ready_s"] = ready["ready_at"] - server.started_at
         meta["startup_phases"] = engine.startup_phases(engine.parse_log(server.log_path.read_text(errors="replace")))
         meta["first_cell_at"] = now()
-        asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer, log))
+        meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer, log))
         if correctness_outputs is not None:
             meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"), correctness_outputs,
                                                   log)
@@ -260,6 +306,7 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
 def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
     """Copy the finished attempt to the declared outputs."""
     write_csv(paths.cells_csv, writer.cells)
+    write_csv(paths.repeats_csv, writer.repeats)
     shutil.copyfile(writer.requests_path, paths.requests_jsonl)
     shutil.copyfile(paths.attempt_dir / "server.log", paths.server_log)
     tele = paths.attempt_dir / "telemetry.csv"

@@ -65,11 +65,14 @@ def apply_defaults(config: dict) -> dict:
     config.setdefault("engines", {})
     config.setdefault("host", {})
     matrix = config.get("matrix", {})
-    matrix.setdefault("requests_per_cell", {})
-    matrix["requests_per_cell"].setdefault("per_concurrency", 2)
-    matrix["requests_per_cell"].setdefault("min", 4)
-    matrix.setdefault("warmup_requests", 1)
-    matrix.setdefault("repeats", 1)
+    matrix.setdefault("workloads", ["synthetic"])
+    for key, value in (("rules", "sglang"), ("seed", 0), ("pool", 256)):
+        matrix.setdefault("real_text", {}).setdefault(key, value)
+    for key, value in (("seconds", 1.0), ("requests_per_concurrency", 1)):
+        matrix.setdefault("warmup", {}).setdefault(key, value)
+    for key, value in (("seconds", 5.0), ("requests_per_concurrency", 2), ("min_requests", 4), ("max_seconds", 300)):
+        matrix.setdefault("measure", {}).setdefault(key, value)
+    matrix.setdefault("repeats", 3)
     matrix.setdefault("temperature", 0)
     matrix.setdefault("flush_cache_between_cells", False)
     for model in config.get("models", {}).values():
@@ -141,8 +144,53 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
     return problems
 
 
+# Matrix keys of earlier versions, with what replaced them.
+REPLACED_MATRIX_KEYS = {
+    "requests_per_cell": "matrix.measure (seconds, requests_per_concurrency, min_requests): a cell is now a "
+                         "measured window after a warm-up, see docs/measurement.md",
+    "warmup_requests": "matrix.warmup (seconds, requests_per_concurrency): every cell now warms up at its own "
+                       "concurrency, see docs/measurement.md",
+}
+
+
+def expand_replicates(config: dict) -> tuple[dict, list[tuple[str, str, str]]]:
+    """Replace each ``replicate_of: <config>`` entry by a copy of that config, labelled ``replicate_of``.
+
+    An identical copy measured as its own job is the sweep's A/A check: whatever it shows against the original is
+    noise (docs/measurement.md).
+    """
+    configs = config.get("server_configs")
+    if not isinstance(configs, dict):
+        return config, []
+    problems = []
+    config = copy.deepcopy(config)
+    for name, entry in list(configs.items()):
+        if not isinstance(entry, dict) or "replicate_of" not in entry:
+            continue
+        source = entry["replicate_of"]
+        extra = sorted(set(entry) - {"replicate_of"})
+        if source not in configs or "replicate_of" in (configs.get(source) or {}):
+            problems.append((f"server_configs.{name}.replicate_of", f"'{source}' is not a server config to copy",
+                             "name a config defined in full under server_configs"))
+        elif extra:
+            problems.append((f"server_configs.{name}", f"a replicate takes no other keys (found {', '.join(extra)})",
+                             "keep only replicate_of, or define the config in full"))
+        else:
+            copied = copy.deepcopy(configs[source])
+            copied.setdefault("labels", {})["replicate_of"] = source
+            configs[name] = copied
+    return config, problems
+
+
 def check_config(config: dict) -> dict:
     """Validate a raw config dict; return it with defaults filled. Raises ConfigError naming every bad key."""
+    replaced = [(f"matrix.{key}", "is no longer a setting", f"use {fix}")
+                for key, fix in REPLACED_MATRIX_KEYS.items() if key in (config.get("matrix") or {})]
+    if replaced:
+        raise ConfigError(replaced)
+    config, problems = expand_replicates(config)
+    if problems:
+        raise ConfigError(problems)
     problems = schema_problems(config)
     if problems:
         raise ConfigError(problems)
@@ -160,37 +208,61 @@ def load_config(path: str | Path) -> dict:
 
 @dataclass(frozen=True)
 class Matrix:
+    """The measurement matrix: workloads × prompt lengths × concurrencies, each cell a warmed-up measured window,
+    repeated (docs/measurement.md). Defaults are the schema's, filled by ``apply_defaults``."""
+
     context_lengths: list[int]
     concurrencies: list[int]
     output_tokens: int
-    per_concurrency: float = 2
+    workloads: list[str] = field(default_factory=lambda: ["synthetic"])
+    real_text: dict = field(default_factory=dict)
+    warmup_s: float = 1.0
+    warmup_per_concurrency: float = 1
+    measure_s: float = 5.0
+    measure_per_concurrency: float = 2
     min_requests: int = 4
-    warmup_requests: int = 1
-    repeats: int = 1
+    max_window_s: float = 300
+    repeats: int = 3
     temperature: float = 0.0
     flush_cache_between_cells: bool = False
 
     @classmethod
-    def from_config(cls, matrix: dict) -> "Matrix":
-        rpc = matrix.get("requests_per_cell", {})
+    def from_config(cls, matrix: dict, workloads: list[str] | None = None) -> "Matrix":
+        """The typed matrix of a validated config; ``workloads`` (a server config's own list) overrides its list."""
+        matrix = apply_defaults({"matrix": matrix})["matrix"]
+        warm, measure = matrix["warmup"], matrix["measure"]
         return cls(
             context_lengths=list(matrix["context_lengths"]),
             concurrencies=list(matrix["concurrencies"]),
             output_tokens=int(matrix["output_tokens"]),
-            per_concurrency=float(rpc.get("per_concurrency", 2)),
-            min_requests=int(rpc.get("min", 4)),
-            warmup_requests=int(matrix.get("warmup_requests", 1)),
-            repeats=int(matrix.get("repeats", 1)),
-            temperature=float(matrix.get("temperature", 0)),
-            flush_cache_between_cells=bool(matrix.get("flush_cache_between_cells", False)),
+            workloads=list(workloads or matrix["workloads"]),
+            real_text=dict(matrix["real_text"]),
+            warmup_s=float(warm["seconds"]),
+            warmup_per_concurrency=float(warm["requests_per_concurrency"]),
+            measure_s=float(measure["seconds"]),
+            measure_per_concurrency=float(measure["requests_per_concurrency"]),
+            min_requests=int(measure["min_requests"]),
+            max_window_s=float(measure["max_seconds"]),
+            repeats=int(matrix["repeats"]),
+            temperature=float(matrix["temperature"]),
+            flush_cache_between_cells=bool(matrix["flush_cache_between_cells"]),
         )
 
     def requests_for(self, concurrency: int) -> int:
-        """Requests in one cell: a multiple of the concurrency, never below the floor."""
-        return max(self.min_requests, int(round(self.per_concurrency * concurrency)))
+        """Requests sent inside the window that must complete before it closes: a multiple of C, at least the floor."""
+        return max(self.min_requests, int(round(self.measure_per_concurrency * concurrency)))
 
-    def cells(self) -> list[tuple[int, int]]:
-        return [(ctx, c) for ctx in self.context_lengths for c in self.concurrencies]
+    def warmup_for(self, concurrency: int) -> int:
+        """Requests that must complete at the cell's own concurrency before the window opens."""
+        return int(round(self.warmup_per_concurrency * concurrency))
+
+    def cells(self) -> list[tuple[str, int, int]]:
+        """(workload, ctx, C) of every cell; real-text workloads have their own prompt lengths, keyed ctx = 0."""
+        out = []
+        for workload in self.workloads:
+            lengths = self.context_lengths if workload == "synthetic" else [0]
+            out += [(workload, ctx, c) for ctx in lengths for c in self.concurrencies]
+        return out
 
 
 @dataclass
@@ -209,6 +281,7 @@ class ServerConfig:
     stop_grace_s: float = 20
     request_timeout_s: float = 600
     engine_settings: dict = field(default_factory=dict)
+    workloads: list | None = None  # the config's own workloads, overriding the matrix's
 
     @classmethod
     def from_config(cls, name: str, config: dict) -> "ServerConfig":
@@ -226,6 +299,7 @@ class ServerConfig:
             stop_grace_s=float(sc.get("stop_grace_s", 20)),
             request_timeout_s=float(sc.get("request_timeout_s", 600)),
             engine_settings=dict(config.get("engines", {}).get(sc["engine"], {})),
+            workloads=list(sc["workloads"]) if sc.get("workloads") else None,
         )
 
     @property

@@ -49,23 +49,88 @@ def corpus_text(n_words: int, seed: int = 0) -> str:
     return " ".join(out)
 
 
-@dataclass
-class PromptFactory:
-    """Builds unique prompts of exactly ``length`` token ids from one tokenized corpus."""
+@dataclass(frozen=True)
+class Prompt:
+    """One request's prompt: token ids (sent as ids, so the server tokenizes nothing) or text, and its output
+    length (None: the spec's ``output_tokens``)."""
 
-    corpus_ids: list[int]
-    tokenize: Callable[[str], Awaitable[list[int]]]
+    payload: list[int] | str
+    output_tokens: int | None = None
+    source: str = ""
 
-    async def make(self, tag: str, length: int, index: int) -> list[int]:
-        prefix = (await self.tokenize(f"Request {tag}-{index}. Continue the text:"))[:length]
-        need = length - len(prefix)
-        if need <= 0:
-            return prefix
-        start = (index * 7919) % max(1, len(self.corpus_ids) - need) if len(self.corpus_ids) > need else 0
-        body = self.corpus_ids[start:start + need]
-        while len(body) < need:  # short corpus: wrap around
-            body += self.corpus_ids[:need - len(body)]
-        return prefix + body
+
+@dataclass(frozen=True)
+class SyntheticPrompts:
+    """Unique prompts of exactly ``length`` token ids, built without asking the server anything.
+
+    Each prompt starts with its own tag (``Request <tag> <index>.`` in token ids: the digits' ids are looked up
+    once), so no two prompts share more than a few tokens of prefix and none is served from another's prefix
+    cache; the body is cut from the tokenized corpus at an offset that moves with the index. The same tag and
+    index give the same prompt in every config, so configs are compared on the same prompts.
+    """
+
+    head_ids: tuple[int, ...]
+    digit_ids: tuple[tuple[int, ...], ...]  # token ids of "0" … "9"
+    sep_ids: tuple[int, ...]
+    tail_ids: tuple[int, ...]
+    corpus_ids: tuple[int, ...]
+    length: int
+    tag: int = 0
+    output_tokens: int | None = None
+
+    @classmethod
+    async def build(cls, tokenize: Callable[[str], Awaitable[list[int]]], corpus_ids: list[int], length: int,
+                    tag: int = 0, output_tokens: int | None = None) -> "SyntheticPrompts":
+        digits = tuple(tuple(await tokenize(str(d))) for d in range(10))
+        return cls(tuple(await tokenize("Request")), digits, tuple(await tokenize("-")),
+                   tuple(await tokenize(". Continue the text:")), tuple(corpus_ids), length, tag, output_tokens)
+
+    def _number(self, value: int) -> list[int]:
+        return [i for d in str(value) for i in self.digit_ids[int(d)]]
+
+    def get(self, index: int) -> Prompt:
+        prefix = (list(self.head_ids) + self._number(self.tag) + list(self.sep_ids) + self._number(index)
+                  + list(self.tail_ids))[:self.length]
+        need = self.length - len(prefix)
+        body: list[int] = []
+        if need > 0 and self.corpus_ids:
+            span = len(self.corpus_ids)
+            start = (index * 7919 + self.tag * 104729) % span
+            while len(body) < need:
+                body += self.corpus_ids[start:start + need - len(body)]
+                start = 0
+        return Prompt(prefix + body, self.output_tokens, f"synthetic:{self.tag}:{index}")
+
+
+@dataclass(frozen=True)
+class TextPrompts:
+    """Prompts from a fixed sample of real-text requests, in order from ``offset``, each made unique by a short
+    first line (``Request <tag>-<index>.``) so that a prompt used again is not served from the prefix cache."""
+
+    prompts: tuple[Prompt, ...]
+    offset: int = 0
+    tag: int = 0
+
+    def get(self, index: int) -> Prompt:
+        base = self.prompts[(self.offset + index) % len(self.prompts)]
+        return replace(base, payload=f"Request {self.tag}-{index}.\n{base.payload}")
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How a steady-state cell runs: streams keep C requests in flight until the window closes.
+
+    The window opens once ``warmup_s`` have passed since the cell started and ``warmup_requests`` requests have
+    completed; it closes once ``measure_s`` have passed and ``measure_requests`` requests sent inside it have
+    completed, or at the latest ``max_s`` after it opened (then the cell is marked ``window_capped``). No request
+    is sent after it closes; those still running drain.
+    """
+
+    warmup_s: float
+    warmup_requests: int
+    measure_s: float
+    measure_requests: int
+    max_s: float
 
 
 # A cell whose client event loop woke up later than this (p99 of a 10 ms sleep) had a client that could not keep
@@ -96,7 +161,7 @@ class LoadSpec:
     base_url: str
     model: str
     concurrency: int
-    prompts: list[list[int]]
+    prompts: list  # list[int] | str | Prompt each; unused with a window
     output_tokens: int
     warmup_prompts: list[list[int]] = field(default_factory=list)
     temperature: float = 0.0
@@ -106,6 +171,9 @@ class LoadSpec:
     progress: bool = True
     label: str = ""
     workers: int = 1
+    # A steady-state cell: prompts come from ``prompt_source.get(i)`` until the window closes.
+    window: WindowPlan | None = None
+    prompt_source: SyntheticPrompts | TextPrompts | None = None
 
 
 class LoopLagMonitor:
@@ -372,18 +440,29 @@ class _Target:
                     raise
 
 
-async def stream_one(target: _Target, spec: LoadSpec, prompt: list[int], index: int) -> dict:
-    """Send one streaming completion; record send time, every chunk's arrival and token count, usage, errors."""
-    payload = {
+def _request_payload(spec: LoadSpec, prompt) -> tuple[dict, int | None]:
+    """The completion request's JSON for ``prompt`` (ids, text or a ``Prompt``), and its prompt length in ids."""
+    if isinstance(prompt, Prompt):
+        payload, out_tokens = prompt.payload, prompt.output_tokens or spec.output_tokens
+    else:
+        payload, out_tokens = prompt, spec.output_tokens
+    body = {
         "model": spec.model,
-        "prompt": prompt,
-        "max_tokens": spec.output_tokens,
+        "prompt": payload,
+        "max_tokens": out_tokens,
         "temperature": spec.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
         **spec.extra_fields,
     }
-    rec: dict = {"index": index, "requested_prompt_tokens": len(prompt), "send": now(), "chunks": [],
+    return body, (len(payload) if isinstance(payload, list) else None)
+
+
+async def stream_one(target: _Target, spec: LoadSpec, prompt, index: int) -> dict:
+    """Send one streaming completion; record send time, every chunk's arrival and token count, usage, errors."""
+    payload, prompt_ids = _request_payload(spec, prompt)
+    rec: dict = {"index": index, "requested_prompt_tokens": prompt_ids,
+                 "requested_output_tokens": payload["max_tokens"], "send": now(), "chunks": [],
                  "prompt_tokens": None, "completion_tokens": None, "error": None, "text": ""}
     response = _StreamedResponse(target.request(json.dumps(payload).encode()), asyncio.get_running_loop(),
                                  target.read_buffer)
@@ -452,48 +531,136 @@ def _read_events(rec: dict, response: _StreamedResponse, chunk_tokens: Callable[
     rec["text"] = "".join(text_parts)
 
 
-async def run_load(spec: LoadSpec) -> tuple[list[dict], dict]:
-    """Closed-loop load: ``concurrency`` streams pull prompts until none are left. Warm-up runs first, uncounted.
+async def run_load(spec: LoadSpec, on_window_start: Callable[[], Awaitable[None]] | None = None,
+                   on_window_end: Callable[[], Awaitable[None]] | None = None) -> tuple[list[dict], dict]:
+    """Closed-loop load at ``spec.concurrency``.
 
-    Returns (measured request records, client self-check figures: loop lag, client CPU, ``client_bound``).
+    Without a window: the streams pull ``spec.prompts`` until none are left, after the warm-up prompts
+    (uncounted). With ``spec.window``: a steady-state cell (``WindowPlan``); ``on_window_start``/``on_window_end``
+    run when the measured window opens and closes (telemetry, metric scrapes), and the client figures include
+    ``window_start``/``window_end`` on the ``now()`` clock.
+
+    Returns (request records, client self-check figures: loop lag, client CPU, ``client_bound``, window).
     """
     workers = max(1, min(spec.workers, spec.concurrency))
+    window = _WindowState(spec.window, on_window_start, on_window_end) if spec.window else None
     if workers == 1:
-        records, client = await _run_in_process(spec)
+        records, client = await _run_in_process(spec, window=window)
     else:
-        records, client = await asyncio.get_running_loop().run_in_executor(None, _run_in_workers, spec, workers)
+        records, client = await _run_workers_with_window(spec, workers, window)
     client["client_workers"] = workers
     client["client_bound"] = is_client_bound(client)
+    if window is not None:
+        client.update(window.figures())
     records.sort(key=lambda r: r["index"])
     return records, client
 
 
+class _WindowState:
+    """Decides when a steady-state cell's measured window opens and closes, from completions and time."""
+
+    POLL_S = 0.005
+
+    def __init__(self, plan: WindowPlan, on_start, on_end):
+        self.plan = plan
+        self.on_start, self.on_end = on_start, on_end
+        self.t_cell: float | None = None
+        self.t_start: float | None = None
+        self.t_end: float | None = None
+        self.completed = 0
+        self.completed_in_window = 0
+        self.capped = False
+
+    @property
+    def stop(self) -> bool:
+        return self.t_end is not None
+
+    def completion(self, rec: dict) -> None:
+        self.completed += 1
+        if self.t_start is not None and rec["send"] >= self.t_start:
+            self.completed_in_window += 1
+
+    async def run(self, counts: Callable[[], tuple[int, int]] | None = None,
+                  publish_start: Callable[[float], None] | None = None) -> None:
+        """Open and close the window; ``counts`` reads (completed, completed in window) kept by worker processes."""
+        plan = self.plan
+        self.t_cell = now()
+
+        def read() -> tuple[int, int]:
+            return counts() if counts is not None else (self.completed, self.completed_in_window)
+
+        try:
+            while now() - self.t_cell < plan.warmup_s or read()[0] < plan.warmup_requests:
+                await asyncio.sleep(self.POLL_S)
+            self.t_start = now()
+            if publish_start is not None:
+                publish_start(self.t_start)
+            if self.on_start is not None:
+                await self.on_start()
+            while now() - self.t_start < plan.measure_s or read()[1] < plan.measure_requests:
+                if now() - self.t_start >= plan.max_s:
+                    self.capped = True
+                    break
+                await asyncio.sleep(self.POLL_S)
+        finally:
+            self.t_end = now()  # also on failure: the streams must stop sending
+        if self.on_end is not None:
+            await self.on_end()
+
+    def figures(self) -> dict:
+        return {"window_start": self.t_start, "window_end": self.t_end, "window_capped": self.capped,
+                "cell_started": self.t_cell}
+
+
 async def _run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] | None = None,
-                          indexed: list[tuple[int, list[int]]] | None = None) -> tuple[list[dict], dict]:
-    """One event loop drives every stream of ``spec`` (or of ``indexed``, this worker's share of the prompts)."""
+                          indexed: list[tuple[int, list[int]]] | None = None,
+                          window: _WindowState | None = None, shared=None,
+                          index_start: int = 0, index_step: int = 1) -> tuple[list[dict], dict]:
+    """One event loop drives every stream of ``spec`` (or of ``indexed``, this worker's share of the prompts).
+
+    In a steady-state cell, prompts come from ``spec.prompt_source``; ``window`` (in the process that owns it)
+    or ``shared`` (counters and the stop flag of a worker process) decide when to stop sending.
+    """
     target = await _Target.resolve(spec.base_url)
     if spec.warmup_prompts:
         await asyncio.gather(*(stream_one(target, spec, p, -1 - i) for i, p in enumerate(spec.warmup_prompts)))
     if before_measuring is not None:
         await asyncio.get_running_loop().run_in_executor(None, before_measuring)
-    queue: asyncio.Queue = asyncio.Queue()
-    for i, p in indexed if indexed is not None else enumerate(spec.prompts):
-        queue.put_nowait((i, p))
     records: list[dict] = []
     bar = None
+    steady = spec.window is not None
+    queue: asyncio.Queue = asyncio.Queue()
+    if not steady:
+        for i, p in indexed if indexed is not None else enumerate(spec.prompts):
+            queue.put_nowait((i, p))
     if spec.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=queue.qsize(), desc=spec.label or "cell", unit="req", file=sys.stderr,
-                   mininterval=1.0, leave=False)
+        bar = tqdm(total=None if steady else queue.qsize(), desc=spec.label or "cell", unit="req",
+                   file=sys.stderr, mininterval=1.0, leave=False)
+    next_index = index_start
+
+    def take() -> tuple[int, object] | None:
+        nonlocal next_index
+        if not steady:
+            try:
+                return queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return None
+        if (window is not None and window.stop) or (shared is not None and shared.stop.is_set()):
+            return None
+        i = next_index
+        next_index += index_step
+        return i, spec.prompt_source.get(i)
 
     async def worker() -> None:
-        while True:
-            try:
-                i, p = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            records.append(await stream_one(target, spec, p, i))
+        while (item := take()) is not None:
+            rec = await stream_one(target, spec, item[1], item[0])
+            records.append(rec)
+            if window is not None:
+                window.completion(rec)
+            if shared is not None:
+                shared.completion(rec)
             if bar is not None:
                 bar.update(1)
 
@@ -501,7 +668,10 @@ async def _run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] |
     monitor.start()
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:
-        await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
+        streams = [worker() for _ in range(spec.concurrency)]
+        if window is not None:
+            streams.append(window.run())
+        await asyncio.gather(*streams)
     finally:
         client = await monitor.stop()
         client["client_cpu_s"] = time.process_time() - cpu0
@@ -509,6 +679,50 @@ async def _run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] |
         if bar is not None:
             bar.close()
     return records, client
+
+
+class _SharedWindow:
+    """What worker processes share with the process that owns the window: counters, its start, the stop flag."""
+
+    def __init__(self, ctx):
+        self.completed = ctx.Value("q", 0)
+        self.completed_in_window = ctx.Value("q", 0)
+        self.t_start = ctx.Value("d", -1.0)
+        self.stop = ctx.Event()
+
+    def completion(self, rec: dict) -> None:
+        with self.completed.get_lock():
+            self.completed.value += 1
+        start = self.t_start.value
+        if start >= 0 and rec["send"] >= start:
+            with self.completed_in_window.get_lock():
+                self.completed_in_window.value += 1
+
+    def counts(self) -> tuple[int, int]:
+        return self.completed.value, self.completed_in_window.value
+
+
+async def _run_workers_with_window(spec: LoadSpec, workers: int,
+                                   window: _WindowState | None) -> tuple[list[dict], dict]:
+    """Worker processes drive the streams; this process opens and closes the window and runs its callbacks."""
+    loop = asyncio.get_running_loop()
+    if window is None:
+        return await loop.run_in_executor(None, _run_in_workers, spec, workers, None, None)
+    ctx = multiprocessing.get_context("spawn")
+    shared = _SharedWindow(ctx)
+    started = asyncio.Event()
+    work = loop.run_in_executor(None, _run_in_workers, spec, workers, shared,
+                                lambda: loop.call_soon_threadsafe(started.set))
+    await started.wait()
+
+    def publish(t: float) -> None:
+        shared.t_start.value = t
+
+    try:
+        await window.run(counts=shared.counts, publish_start=publish)
+    finally:
+        shared.stop.set()
+    return await work
 
 
 def _share(items: list, sizes: list[int]) -> list[list]:
@@ -521,8 +735,12 @@ def _share(items: list, sizes: list[int]) -> list[list]:
     return out
 
 
-def _run_in_workers(spec: LoadSpec, workers: int) -> tuple[list[dict], dict]:
-    """Spread the streams over ``workers`` processes; all warm up, then start measuring together."""
+def _run_in_workers(spec: LoadSpec, workers: int, shared: _SharedWindow | None = None,
+                    on_go: Callable[[], None] | None = None) -> tuple[list[dict], dict]:
+    """Spread the streams over ``workers`` processes; all warm up, then start measuring together.
+
+    In a steady-state cell every worker draws prompt indices k, k + workers, … and stops when ``shared`` says.
+    """
     ctx = multiprocessing.get_context("spawn")  # the caller's event loop and threads must not be forked
     sizes = [spec.concurrency // workers + (1 if k < spec.concurrency % workers else 0) for k in range(workers)]
     prompts = _share(list(enumerate(spec.prompts)), sizes)
@@ -533,15 +751,19 @@ def _run_in_workers(spec: LoadSpec, workers: int) -> tuple[list[dict], dict]:
     procs = []
     for k in range(workers):
         part = replace(spec, concurrency=sizes[k], prompts=[], warmup_prompts=warmups[k], progress=False, workers=1)
-        procs.append(ctx.Process(target=_worker_main, args=(part, prompts[k], offset, ready, go, results),
-                                 daemon=True))
+        procs.append(ctx.Process(target=_worker_main, args=(part, prompts[k], offset, ready, go, results, shared,
+                                                            k, workers), daemon=True))
     for proc in procs:
         proc.start()
     try:
         for _ in procs:
             ready.get(timeout=spec.request_timeout_s + 120)
         go.set()
-        parts = [results.get(timeout=spec.request_timeout_s * max(1, len(spec.prompts)) + 120) for _ in procs]
+        if on_go is not None:
+            on_go()
+        budget = (spec.window.warmup_s + spec.window.max_s + 2 * spec.request_timeout_s if spec.window
+                  else spec.request_timeout_s * max(1, len(spec.prompts)))
+        parts = [results.get(timeout=budget + 120) for _ in procs]
     finally:
         go.set()
         for proc in procs:
@@ -564,7 +786,7 @@ def _run_in_workers(spec: LoadSpec, workers: int) -> tuple[list[dict], dict]:
 
 
 def _worker_main(spec: LoadSpec, indexed: list[tuple[int, list[int]]], clock_offset: float, ready, go,
-                 results) -> None:
+                 results, shared: _SharedWindow | None = None, index_start: int = 0, index_step: int = 1) -> None:
     """Entry point of one worker process: run its share, send back (records, client) or the traceback."""
     import traceback
 
@@ -576,7 +798,8 @@ def _worker_main(spec: LoadSpec, indexed: list[tuple[int, list[int]]], clock_off
         go.wait()
 
     try:
-        results.put(asyncio.run(_run_in_process(spec, before_measuring=wait_for_go, indexed=indexed)))
+        results.put(asyncio.run(_run_in_process(spec, before_measuring=wait_for_go, indexed=indexed, shared=shared,
+                                                index_start=index_start, index_step=index_step)))
     except BaseException:
         ready.put(False)
         results.put(traceback.format_exc())

@@ -10,16 +10,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from servesweep import stats as stats_mod
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
 
-# A drop larger than this from one concurrency to the next is reported as an anomaly, not noise.
-THROUGHPUT_DROP_FRACTION = 0.05
-# A config "pays" against the baseline only when it is at least this much faster: smaller gaps are run-to-run noise.
-PAY_MARGIN = 0.03
 
 
 def _fmt(x, spec=".1f") -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _pct(band: float) -> str:
+    return "–" if band is None or (isinstance(band, float) and math.isnan(band)) else f"{100 * band:.1f} %"
+
+
+def _cell(r) -> str:
+    """How a cell is named in the report: the prompt length (synthetic prompts) or the workload, and C."""
+    workload = getattr(r, "workload", "synthetic")
+    return f"{f'ctx={r.ctx}' if workload == 'synthetic' else workload} C={r.concurrency}"
 
 
 def server_bound(cells: pd.DataFrame) -> pd.DataFrame:
@@ -29,59 +36,151 @@ def server_bound(cells: pd.DataFrame) -> pd.DataFrame:
     return cells[~cells["client_bound"].fillna(False).astype(bool)]
 
 
-def best_per_cell(cells: pd.DataFrame) -> pd.DataFrame:
+def _keys(df: pd.DataFrame) -> list[str]:
+    return [k for k in ("workload", "ctx", "concurrency") if k in df]
+
+
+def best_per_cell(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band: float = math.nan) -> pd.DataFrame:
+    """The fastest config per cell, and whether it is measurably faster than the runner-up.
+
+    ``margin`` is the leader's throughput over the runner-up's with its Fieller interval over their repeats;
+    ``verdict`` is ``faster`` only when that interval clears 1 + the noise band, else the two are a tie.
+    """
     cells = server_bound(cells)
-    idx = cells.groupby(["ctx", "concurrency"])["agg_output_tok_s"].idxmax()
-    best = cells.loc[idx, ["ctx", "concurrency", "config", "agg_output_tok_s"]]
-    return best.sort_values(["ctx", "concurrency"]).reset_index(drop=True)
+    rows = []
+    for key, g in cells.groupby(_keys(cells)):
+        g = g.sort_values("agg_output_tok_s", ascending=False)
+        lead = g.iloc[0]
+        row = dict(zip(_keys(cells), key if isinstance(key, tuple) else (key,)))
+        row.update(config=lead["config"], agg_output_tok_s=lead["agg_output_tok_s"], runner_up=None,
+                   margin=math.nan, margin_lo=math.nan, margin_hi=math.nan, verdict="only config")
+        if len(g) > 1:
+            second = g.iloc[1]
+            row.update(runner_up=second["config"], margin=lead["agg_output_tok_s"] / second["agg_output_tok_s"])
+            if repeats is not None and not repeats.empty:
+                sel = [(repeats[k] == row[k]) for k in _keys(cells)]
+                mask = sel[0]
+                for m in sel[1:]:
+                    mask &= m
+                here = repeats[mask]
+                a = here[here["config"] == lead["config"]]["agg_output_tok_s"].tolist()
+                b = here[here["config"] == second["config"]]["agg_output_tok_s"].tolist()
+                ratio, lo, hi = stats_mod.ratio_ci95(a, b)
+                row.update(margin_lo=lo, margin_hi=hi, verdict=stats_mod.verdict(lo, hi, band))
+            else:
+                row["verdict"] = "not measurable"
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
-def speculative_findings(speedup: pd.DataFrame, baseline: str) -> list[str]:
-    """Per non-baseline config and context: where it beats the baseline and from which concurrency on it stops."""
+def speedup_findings(speedup: pd.DataFrame, noise: dict, baseline: str) -> list[str]:
+    """Per config and workload/prompt length: where it is measurably faster or slower than the baseline, with
+    every cell's speedup and interval; replicates of a config are reported as the A/A check they are."""
     lines = []
-    for cfg, grp in speedup[speedup["config"] != baseline].groupby("config"):
-        for ctx, g in grp.sort_values("concurrency").groupby("ctx"):
-            series = ", ".join(f"C={int(r.concurrency)}: {r.speedup:.2f}×" for r in g.itertuples())
-            lines.append(f"- `{cfg}` at {ctx} prompt tokens {pays_verdict(g)} ({series}).")
+    band = noise.get("band", math.nan)
+    for cfg, grp in speedup.groupby("config"):
+        for key, g in grp.sort_values("concurrency").groupby(["workload", "ctx"]):
+            workload, ctx = key
+            where = f"at {ctx} prompt tokens" if workload == "synthetic" else f"on {workload} prompts"
+            series = "; ".join(
+                f"C={int(r.concurrency)}: {r.speedup:.2f}× "
+                + (f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if pd.notna(r.speedup_lo) else "(no interval)")
+                for r in g.itertuples())
+            lines.append(f"- `{cfg}` {where} {significance_words(g, band)} ({series}).")
     return lines
 
 
-def pays_verdict(g: pd.DataFrame) -> str:
-    """Words for a speedup series ordered by concurrency (speedup > 1 + PAY_MARGIN means the config pays)."""
+def significance_words(g: pd.DataFrame, band: float) -> str:
+    """Words for one config's verdicts over a concurrency series (``verdict`` column)."""
     conc = [int(c) for c in g["concurrency"]]
-    wins = [s > 1.0 + PAY_MARGIN for s in g["speedup"]]
-    if all(wins):
-        return "pays at every concurrency measured"
-    if not any(wins):
-        return "never beats the baseline"
-    first_loss = wins.index(False)
-    if all(wins[:first_loss]) and not any(wins[first_loss:]):
-        return f"pays up to C={conc[first_loss - 1]} and stops paying from C={conc[first_loss]} on"
-    if not any(wins[:wins.index(True)]) and all(wins[wins.index(True):]):
-        return f"pays only from C={conc[wins.index(True)]} on"
-    return "pays at C=" + ", ".join(str(c) for c, w in zip(conc, wins) if w) + " only"
+    verdicts = list(g["verdict"])
+    if all(v == "not measurable" for v in verdicts):
+        return "cannot be compared: one repeat gives no interval"
+    faster = [c for c, v in zip(conc, verdicts) if v == "faster"]
+    slower = [c for c, v in zip(conc, verdicts) if v == "slower"]
+    if not faster and not slower:
+        return f"shows no measurable difference from the baseline at any concurrency (noise band ±{_pct(band)})"
+    parts = []
+    if faster:
+        parts.append("pays at every concurrency measured" if len(faster) == len(conc)
+                     else "pays at C=" + ", ".join(map(str, faster)))
+    if slower:
+        parts.append("is slower at every concurrency measured" if len(slower) == len(conc)
+                     else "is slower at C=" + ", ".join(map(str, slower)))
+    rest = [c for c in conc if c not in faster and c not in slower]
+    if rest:
+        parts.append("no measurable difference at C=" + ", ".join(map(str, rest)))
+    return "; ".join(parts) + f" (noise band ±{_pct(band)})"
 
 
-def anomalies(cells: pd.DataFrame) -> list[str]:
+def replicate_findings(noise: dict) -> list[str]:
+    """The A/A check: what each identical copy showed against its original."""
+    if noise.get("source") != "replicate":
+        return []
+    lines = []
+    for copy, original in sorted((noise.get("replicates") or {}).items()):
+        cells = [c for c in noise["cells"] if c["config"] == copy]
+        worst = max(cells, key=lambda c: c["band"]) if cells else None
+        if worst is None:
+            continue
+        lines.append(f"- `{copy}` is an identical copy of `{original}` (A/A check): throughput ratios "
+                     + ", ".join(f"{c['ratio']:.3f}" for c in cells)
+                     + f" over {len(cells)} cells; the farthest from 1, interval included, is ±{_pct(worst['band'])} "
+                     f"(ctx={worst['ctx']} C={worst['concurrency']}, {worst['workload']}). That is the sweep's "
+                     "noise band: no difference smaller than it is called.")
+    return lines
+
+
+def noise_paragraph(noise: dict) -> list[str]:
+    source = noise.get("source")
+    if source == "replicate":
+        text = (f"Noise band ±{_pct(noise['band'])}, measured by the sweep's replicate config(s): how far an "
+                "identical copy of a config, launched as its own job, came out from the original.")
+    elif source == "baseline repeats":
+        text = (f"Noise band ±{_pct(noise['band'])}, from the baseline's own repeats (largest relative range over "
+                "its cells). It does not include launch-to-launch variation; add a replicate config "
+                "(`<name>: {replicate_of: <baseline>}`) to measure that.")
+    else:
+        text = ("No noise band: " + noise.get("why", "not measured") + ". Set `matrix.repeats` to 3 or more.")
+    return [text + " A config is called faster or slower only where the 95 % interval of its speedup lies "
+            "entirely beyond 1 ± the band; otherwise the report says there is no measurable difference.", ""]
+
+
+def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band: float = math.nan) -> list[str]:
     out = []
     for r in cells[cells.get("errors", 0) > 0].itertuples():
-        out.append(f"- `{r.config}` ctx={r.ctx} C={r.concurrency}: {int(r.errors)} of {int(r.requests)} requests "
-                   "failed (see requests.jsonl).")
-    for (cfg, ctx), g in cells.sort_values("concurrency").groupby(["config", "ctx"]):
+        out.append(f"- `{r.config}` {_cell(r)}: {int(r.errors)} of {int(r.requests)} requests in the measured "
+                   "windows failed (see requests.jsonl).")
+    keys = [k for k in ("workload", "ctx") if k in cells]
+    for key, g in cells.sort_values("concurrency").groupby(["config", *keys]):
+        cfg = key[0]
         prev = None
         for r in g.itertuples():
-            if prev is not None and r.agg_output_tok_s < prev.agg_output_tok_s * (1 - THROUGHPUT_DROP_FRACTION):
-                out.append(f"- `{cfg}` ctx={ctx}: throughput falls from {prev.agg_output_tok_s:.1f} tok/s at "
-                           f"C={prev.concurrency} to {r.agg_output_tok_s:.1f} at C={r.concurrency} — the server is "
-                           "saturated (queueing or contention), more concurrency only adds latency.")
+            if prev is not None and r.agg_output_tok_s < prev.agg_output_tok_s and repeats is not None:
+                sel = repeats[(repeats["config"] == cfg) & (repeats["workload"] == getattr(r, "workload", "synthetic"))
+                              & (repeats["ctx"] == r.ctx)]
+                now_ = sel[sel["concurrency"] == r.concurrency]["agg_output_tok_s"].tolist()
+                before = sel[sel["concurrency"] == prev.concurrency]["agg_output_tok_s"].tolist()
+                ratio, lo, hi = stats_mod.ratio_ci95(now_, before)
+                if stats_mod.verdict(lo, hi, band) == "slower":
+                    out.append(f"- `{cfg}` {_cell(prev).rsplit(' C=', 1)[0]}: throughput falls from "
+                               f"{prev.agg_output_tok_s:.1f} tok/s at C={prev.concurrency} to "
+                               f"{r.agg_output_tok_s:.1f} at C={r.concurrency} ({ratio:.2f}× [{lo:.2f}, {hi:.2f}], "
+                               "beyond the noise band): more concurrency lowers throughput here; the cause is not "
+                               "measured by these columns.")
             prev = r
     if "client_bound" in cells:
         for r in cells[cells["client_bound"].fillna(False).astype(bool)].itertuples():
-            out.append(f"- `{r.config}` ctx={r.ctx} C={r.concurrency}: client-bound — client event-loop lag p99 "
+            out.append(f"- `{r.config}` {_cell(r)}: client-bound — client event-loop lag p99 "
                        f"{r.loop_lag_p99_ms:.1f} ms > {CLIENT_BOUND_LAG_P99_MS:.0f} ms, so the client limited this "
                        "cell; its throughput is the client's, not the server's speed.")
+    if "window_capped" in cells:
+        for r in cells[cells["window_capped"].fillna(False).astype(bool)].itertuples():
+            out.append(f"- `{r.config}` {_cell(r)}: the measured window reached `matrix.measure.max_seconds` before "
+                       "enough requests completed; its latency percentiles rest on fewer requests than asked for.")
     if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
-        off = cells[(cells["prompt_tokens_per_request"] - cells["requested_prompt_tokens"]).abs() > 2]
+        synthetic = cells[cells.get("workload", "synthetic") == "synthetic"]
+        off = synthetic[(synthetic["prompt_tokens_per_request"] - synthetic["requested_prompt_tokens"]).abs() > 2]
         for r in off.itertuples():
             out.append(f"- `{r.config}` ctx={r.ctx}: the server counted {r.prompt_tokens_per_request:.0f} prompt "
                        f"tokens per request for {r.requested_prompt_tokens} requested.")
@@ -221,8 +320,9 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
                          f"{per_token}{ceiling}.")
         lines.append("")
     if "gpu_energy_j" in cells and cells["gpu_energy_j"].notna().any():
-        lines += ["Energy is the GPU energy counter's change over each cell (warm-up requests included), summed over "
-                  "the config's GPUs.", ""]
+        lines += ["Energy is the GPU energy counter's change over each cell's measured window only (warm-up, ramp "
+                  "and drain excluded), summed over the config's GPUs, divided by the output tokens that arrived in "
+                  "that window; figures are means over the repeats.", ""]
     lines += ["Thresholds and columns: docs/telemetry.md.", "", energy_md, ""]
     return lines
 
@@ -265,51 +365,111 @@ def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> li
     return lines + ["", table_md, ""]
 
 
+def _matrix_text(matrix: dict) -> str:
+    warm, measure = matrix.get("warmup") or {}, matrix.get("measure") or {}
+    workloads = matrix.get("workloads") or ["synthetic"]
+    return (f"Matrix: workloads {workloads} (synthetic prompts of {matrix.get('context_lengths')} tokens) × "
+            f"concurrency {matrix.get('concurrencies')}, {matrix.get('output_tokens')} output tokens per request "
+            "(a cap for real-text prompts). Each cell is closed-loop at its concurrency: a warm-up of at least "
+            f"{warm.get('seconds')} s and {warm.get('requests_per_concurrency')}× C completed requests, then a "
+            f"measured window of at least {measure.get('seconds')} s that closes once "
+            f"{measure.get('requests_per_concurrency')}× C (at least {measure.get('min_requests')}) requests sent "
+            f"inside it have completed; {matrix.get('repeats')} repeat(s) per cell, in rounds. Throughput counts "
+            "only tokens that arrived inside the window; latency percentiles come from requests sent inside it "
+            "(docs/measurement.md).")
+
+
+def workloads_section(metas: list[dict], cells: pd.DataFrame) -> list[str]:
+    """Which prompts each finding rests on, the realised lengths of real-text samples, and a warning where
+    speculative acceptance was measured on synthetic text only."""
+    lines = []
+    described = {}
+    for m in metas:
+        described.update(m.get("workloads") or {})
+    for name, d in sorted(described.items()):
+        lengths = d.get("lengths") or {}
+        p, o = lengths.get("prompt") or {}, lengths.get("output") or {}
+        lines.append(f"- `{name}`: {d.get('source') or d.get('path') or ''} {d.get('note') or ''}".rstrip()
+                     + f"; {lengths.get('n', '–')} prompts sampled (seed {d.get('seed')}, {d.get('rules')} rules); "
+                     f"prompt tokens p10/p50/p90 {_fmt(p.get('p10'), '.0f')}/{_fmt(p.get('p50'), '.0f')}/"
+                     f"{_fmt(p.get('p90'), '.0f')}, output tokens p10/p50/p90 {_fmt(o.get('p10'), '.0f')}/"
+                     f"{_fmt(o.get('p50'), '.0f')}/{_fmt(o.get('p90'), '.0f')}.")
+    spec_cfgs = {m["config"] for m in metas if m.get("speculative")}
+    if spec_cfgs and "workload" in cells:
+        measured_on = set(cells[cells["config"].isin(spec_cfgs)]["workload"])
+        if measured_on <= {"synthetic"}:
+            lines.append("- **Speculative acceptance here was measured on synthetic text only** (prompts cut from a "
+                         "word list, which small models continue by repeating themselves — exactly what an n-gram "
+                         "drafter predicts): accept lengths and speedups say nothing about real text. Add "
+                         "`sharegpt` or `humaneval` to `matrix.workloads`.")
+    return (["## Workloads", ""] + lines + [""]) if lines else []
+
+
 def write_findings(out_path: Path, inputs, baseline: str) -> str:
+    """FINDINGS.md from the tables (``inputs``: paths named as in the write_findings rule)."""
     cells = pd.read_csv(inputs.cells)
     speedup = pd.read_csv(inputs.speedup)
+    repeats_path = Path(inputs.cells).with_name("repeats.csv")
+    repeats = pd.read_csv(repeats_path) if repeats_path.exists() else None
+    noise = json.loads(Path(inputs.noise).read_text()) if getattr(inputs, "noise", None) else {"band": math.nan}
+    band = noise.get("band", math.nan)
     metas = [json.loads(Path(p).read_text()) for p in sorted(inputs.meta)]
+    for m in metas:
+        m["speculative"] = bool((m.get("labels") or {}).get("speculative") not in (None, "none"))
     env_card = Path(inputs.env).read_text()
     matrix = metas[0]["matrix"] if metas else {}
     host = metas[0].get("host") if metas else "?"
 
     lines = ["# Findings", ""]
-    lines += ["## Setup", "",
-              f"Host `{host}`; {len(metas)} server configs; baseline `{baseline}`. Matrix: prompt tokens "
-              f"{matrix.get('context_lengths')} × concurrency {matrix.get('concurrencies')}, "
-              f"{matrix.get('output_tokens')} output tokens per request, "
-              f"{matrix.get('requests_per_cell', {}).get('per_concurrency')}× C requests per cell "
-              f"(at least {matrix.get('requests_per_cell', {}).get('min')}), "
-              f"{matrix.get('warmup_requests')} warm-up request(s), {matrix.get('repeats')} repeat(s).", ""]
+    lines += ["## Setup", "", f"Host `{host}`; {len(metas)} server configs; baseline `{baseline}`. "
+              + _matrix_text(matrix), ""]
     lines += setup_section(metas) + [""] + dummy_weights_note(metas) + startup_section(metas)
+    lines += workloads_section(metas, cells)
 
-    lines += ["## Findings", ""]
-    best = best_per_cell(cells)
-    lines.append("Best configuration per cell (aggregate output tok/s):")
+    lines += ["## Findings", ""] + noise_paragraph(noise)
+    best = best_per_cell(cells, repeats, band)
+    lines.append("Best configuration per cell (output tok/s over the measured window, mean of the repeats; the "
+                 "margin is the leader over the runner-up with its 95 % interval):")
     lines.append("")
-    for c, g in best.groupby("concurrency"):
-        winners = ", ".join(f"`{r.config}` at ctx={r.ctx} ({r.agg_output_tok_s:.1f} tok/s)" for r in g.itertuples())
-        lines.append(f"- C={c}: {winners}.")
-    ranked = server_bound(cells)
-    overall = (ranked if not ranked.empty else cells).sort_values("agg_output_tok_s").iloc[-1]
-    lines += ["", f"Highest throughput overall: `{overall['config']}` with {overall['agg_output_tok_s']:.1f} tok/s at "
-              f"ctx={overall['ctx']}, C={overall['concurrency']}.", ""]
-    spec = speculative_findings(speedup, baseline)
+    for r in best.itertuples():
+        where = _cell(r)
+        if r.runner_up is None:
+            lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s), the only config measured.")
+        elif r.verdict == "faster":
+            lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s), {r.margin:.2f}× "
+                         f"[{r.margin_lo:.2f}, {r.margin_hi:.2f}] over `{r.runner_up}` — measurably ahead.")
+        elif r.verdict == "not measurable":
+            lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s) ahead of `{r.runner_up}` by "
+                         f"{r.margin:.2f}×, but one repeat gives no interval: not a finding.")
+        else:
+            lines.append(f"- {where}: no measurable winner — `{r.config}` ({r.agg_output_tok_s:.1f} tok/s) and "
+                         f"`{r.runner_up}` are {r.margin:.2f}× [{_fmt(r.margin_lo, '.2f')}, {_fmt(r.margin_hi, '.2f')}] "
+                         "apart, within the noise.")
+    spec = speedup_findings(speedup, noise, baseline)
     if spec:
-        lines += [f"Against the baseline `{baseline}` at matched cells:", ""] + spec + [""]
+        lines += ["", f"Against the baseline `{baseline}` at matched cells (speedup of output tok/s, [95 % Fieller "
+                  "interval over the repeats]):", ""] + spec
+    aa = replicate_findings(noise)
+    if aa:
+        lines += ["", "A/A check:", ""] + aa
+    lines.append("")
     eng = engine_metric_findings(cells)
     if eng:
-        lines += ["Engine metrics per cell:", ""] + eng + [""]
-    anomaly = anomalies(cells)
-    lines += ["Anomalies:", ""] + (anomaly or ["- none found (no errors, no throughput drop as concurrency rises, "
-                                               "client never the bottleneck)."]) + [""]
+        lines += ["Engine metrics per cell (over each measured window):", ""] + eng + [""]
+    anomaly = anomalies(cells, repeats, band)
+    lines += ["Anomalies:", ""] + (anomaly or ["- none found (no errors, no measurable throughput drop as "
+                                               "concurrency rises, client never the bottleneck)."]) + [""]
     warnings = [f"- `{m['config']}`: {w}" for m in metas for w in m.get("warnings") or []]
     if warnings:
         lines += ["Configuration warnings:", ""] + warnings + [""]
     lines += correctness_section(pd.read_csv(inputs.correctness), Path(inputs.correctness_md).read_text(), baseline)
     lines += power_energy_section(cells, Path(inputs.energy_md).read_text())
 
-    lines += ["## Tables", "", "### Throughput", "", Path(inputs.throughput).read_text(), "",
+    lines += ["## Tables", "", "### Throughput and latency (mean ± 95 % half-width over the repeats)", "",
+              "ITL/token spreads each arrival's gap over the tokens it carried (its mean equals TPOT); ITL/chunk is "
+              "the gap between arrivals, what vLLM's and SGLang's clients call ITL — larger whenever a chunk "
+              "carries several tokens, as speculative decoding's do.", "",
+              Path(inputs.throughput).read_text(), "",
               f"### Speedup over `{baseline}`", "", Path(inputs.speedup_md).read_text(), ""]
     lines += ["## Charts", "",
               "![Throughput vs concurrency](throughput_vs_concurrency.png) "

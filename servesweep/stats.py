@@ -1,105 +1,236 @@
-"""Latency and throughput statistics from per-request timing records (pure functions, no I/O)."""
+"""Latency, throughput and interval statistics from per-request timing records (pure functions, no I/O).
+
+The measurement model (docs/measurement.md): a cell is closed-loop at concurrency C with a warm-up, a measured
+window [t_start, t_end) and a drain. Throughput counts only the output tokens that arrived inside the window;
+latency percentiles come from the requests that were sent inside it. A cell is measured in several repeats, and
+every aggregate carries a 95 % confidence interval over the repeats; a ratio of two configs' means carries a
+Fieller interval over both configs' repeats.
+"""
 from __future__ import annotations
 
 import math
-import statistics
-from typing import Iterable
+from typing import Iterable, Sequence
 
-# Two-sided 95 % Student-t quantiles for small samples (df = n - 1); normal beyond.
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+import numpy as np
+from scipy import stats as sps
+
+CONFIDENCE = 0.95
 
 
 def percentile(values: Iterable[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default); NaN for no values."""
-    xs = sorted(v for v in values if v is not None and not math.isnan(v))
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    xs = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
+    return float(np.percentile(xs, q)) if xs.size else math.nan
 
 
-def t95(df: int) -> float:
-    """Student-t 0.975 quantile, conservative: the table entry for the largest tabulated df not above ``df``."""
-    if df <= 0:
-        return math.nan
-    if df > 30:
-        return 1.96
-    return _T95[max(k for k in _T95 if k <= df)]
+def t_quantile(df: float) -> float:
+    """Two-sided 95 % Student-t quantile for ``df`` degrees of freedom; NaN when there are none."""
+    return float(sps.t.ppf(0.5 + CONFIDENCE / 2, df)) if df > 0 else math.nan
 
 
-def mean_ci95(values: list[float]) -> tuple[float, float]:
-    """(mean, half-width of the 95 % confidence interval); half-width is NaN for one value."""
-    xs = [v for v in values if v is not None and not math.isnan(v)]
-    if not xs:
+def _finite(values: Iterable[float]) -> np.ndarray:
+    return np.asarray([v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))],
+                      dtype=float)
+
+
+def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of the Student-t 95 % confidence interval); half-width is NaN below two values."""
+    xs = _finite(values)
+    if not xs.size:
         return math.nan, math.nan
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
+    m = float(xs.mean())
+    if xs.size < 2:
         return m, math.nan
-    return m, t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, t_quantile(xs.size - 1) * float(xs.std(ddof=1)) / math.sqrt(xs.size)
+
+
+def ratio_ci95(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Ratio of means mean(a) / mean(b) with its Fieller 95 % interval: (ratio, low, high).
+
+    Both arms are independent repeats (runs, not pooled requests). Degrees of freedom are Welch–Satterthwaite's.
+    The interval is unbounded (low = 0 or high = inf) when b's mean is not significantly different from zero,
+    and NaN when either arm has fewer than two repeats: one run cannot say how much a second would differ.
+    Reference: Fieller, JRSS-B 16:175 (1954); Kalibera & Jones, arXiv:2007.10899.
+    """
+    xa, xb = _finite(a), _finite(b)
+    if not xa.size or not xb.size or xb.mean() == 0:
+        return math.nan, math.nan, math.nan
+    ma, mb = float(xa.mean()), float(xb.mean())
+    ratio = ma / mb
+    if xa.size < 2 or xb.size < 2:
+        return ratio, math.nan, math.nan
+    va, vb = float(xa.var(ddof=1)) / xa.size, float(xb.var(ddof=1)) / xb.size
+    if va == 0 and vb == 0:
+        return ratio, ratio, ratio
+    df = (va + vb) ** 2 / ((va ** 2 / (xa.size - 1) if va else 0) + (vb ** 2 / (xb.size - 1) if vb else 0))
+    t = t_quantile(df)
+    denom = mb * mb - t * t * vb
+    if denom <= 0:
+        return ratio, 0.0, math.inf
+    disc = ma * ma * vb + mb * mb * va - t * t * va * vb
+    root = t * math.sqrt(max(disc, 0.0))
+    return ratio, max((ma * mb - root) / denom, 0.0), (ma * mb + root) / denom
+
+
+def token_arrivals(rec: dict) -> list[tuple[float, float]]:
+    """A request's token arrivals as (time, tokens): events that share a read are one arrival, and token counts
+    are scaled so that they add up to the server's ``completion_tokens`` (from ``usage``) when it reported one.
+
+    Engines differ in how many tokens one streamed chunk carries (a speculative step can send several); the
+    usage count is the truth, the chunk counts only say how the tokens were split over the arrivals.
+    """
+    merged: list[list[float]] = []
+    for t, n in rec.get("chunks") or []:
+        if merged and merged[-1][0] == t:
+            merged[-1][1] += n
+        else:
+            merged.append([t, float(n)])
+    counted = sum(n for _, n in merged)
+    total = rec.get("completion_tokens")
+    if total and counted and total != counted:
+        scale = total / counted
+        merged = [[t, n * scale] for t, n in merged]
+    return [(t, n) for t, n in merged]
 
 
 def request_timings(rec: dict) -> dict:
-    """Derived per-request timings from a request record with ``send``, ``chunks`` [(t, tokens)], ``end``.
+    """Derived per-request timings of a request record with ``send``, ``chunks`` [(t, tokens)], ``end``.
 
-    TTFT = first chunk − send; ITL = gaps between chunks divided evenly over the chunk's tokens; TPOT =
-    (E2E − TTFT) / (output tokens − 1); decode rate = (output tokens − 1) / (E2E − TTFT).
+    - TTFT = first token arrival − send; E2E = end − send.
+    - TPOT = (last arrival − first arrival) / (output tokens − 1), the peers' formula.
+    - Per-token ITL: each arrival's gap after the previous arrival, spread evenly over the tokens it carried
+      (tokens that came with the first arrival count as gap 0), so their mean equals TPOT.
+    - Per-chunk ITL: the gaps between arrivals themselves, what vLLM's and SGLang's clients call ITL; with several
+      tokens per chunk it is larger than the per-token figure.
     """
-    chunks = rec.get("chunks") or []
-    out: dict = {"ttft_s": math.nan, "e2e_s": math.nan, "tpot_s": math.nan, "itl_s": [], "decode_tok_s": math.nan}
-    if rec.get("error") or not chunks:
+    out: dict = {"ttft_s": math.nan, "e2e_s": math.nan, "tpot_s": math.nan, "itl_token_s": [], "itl_chunk_s": [],
+                 "decode_tok_s": math.nan}
+    arrivals = token_arrivals(rec)
+    if rec.get("error") or not arrivals:
         return out
     send, end = rec["send"], rec["end"]
-    ttft = chunks[0][0] - send
-    e2e = end - send
-    n_out = rec.get("completion_tokens") or sum(n for _, n in chunks)
-    itl = []
-    for (t_prev, _), (t, n) in zip(chunks, chunks[1:]):
-        n = max(int(n), 1)
-        itl.extend([(t - t_prev) / n] * n)
-    out.update(ttft_s=ttft, e2e_s=e2e, itl_s=itl)
-    if n_out and n_out > 1 and e2e > ttft:
-        out["tpot_s"] = (e2e - ttft) / (n_out - 1)
-        out["decode_tok_s"] = (n_out - 1) / (e2e - ttft)
+    first, last = arrivals[0][0], arrivals[-1][0]
+    n_out = sum(n for _, n in arrivals)
+    per_token = [0.0] * max(int(round(arrivals[0][1])) - 1, 0)
+    per_chunk = []
+    for (t_prev, _), (t, n) in zip(arrivals, arrivals[1:]):
+        k = max(int(round(n)), 1)
+        per_token.extend([(t - t_prev) / k] * k)
+        per_chunk.append(t - t_prev)
+    out.update(ttft_s=first - send, e2e_s=end - send, itl_token_s=per_token, itl_chunk_s=per_chunk)
+    if n_out > 1 and last > first:
+        out["tpot_s"] = (last - first) / (n_out - 1)
+        out["decode_tok_s"] = (n_out - 1) / (last - first)
+    return out
+
+
+def tokens_between(rec: dict, t0: float, t1: float) -> float:
+    """Output tokens of a request that arrived in [t0, t1)."""
+    return sum(n for t, n in token_arrivals(rec) if t0 <= t < t1)
+
+
+def _latency_columns(records: list[dict]) -> dict:
+    timings = [request_timings(r) for r in records]
+    decode = [t["decode_tok_s"] for t in timings if not math.isnan(t["decode_tok_s"])]
+    out = {"per_request_tok_s": float(np.mean(decode)) if decode else math.nan}
+    series = {
+        "ttft": [t["ttft_s"] for t in timings],
+        "tpot": [t["tpot_s"] for t in timings],
+        "e2e": [t["e2e_s"] for t in timings],
+        "itl": [x for t in timings for x in t["itl_token_s"]],
+        "itl_chunk": [x for t in timings for x in t["itl_chunk_s"]],
+    }
+    for base, values in series.items():
+        for q in (50, 90, 99):
+            out[f"{base}_p{q}_s"] = percentile(values, q)
     return out
 
 
 def cell_stats(records: list[dict]) -> dict:
-    """Aggregate one cell's measured (non-warm-up) requests.
+    """Aggregate a fixed set of requests (no window): throughput over the wall time from first send to last end.
 
-    Aggregate output tok/s = completion tokens of successful requests / wall time from the first send to the last
-    completion. Mean per-request tok/s = mean decode rate seen by one user.
+    Used where a run is a fixed list of requests (the client-fidelity benchmark); a bench cell uses
+    ``window_stats``.
     """
     ok = [r for r in records if not r.get("error")]
-    errors = len(records) - len(ok)
-    stats: dict = {"requests": len(records), "errors": errors}
+    stats: dict = {"requests": len(records), "errors": len(records) - len(ok)}
     if not records:
         return stats
     start = min(r["send"] for r in records)
     end = max(r["end"] for r in records)
     wall = max(end - start, 1e-9)
     out_tokens = sum(r.get("completion_tokens") or 0 for r in ok)
-    prompt_tokens = sum(r.get("prompt_tokens") or 0 for r in ok)
-    timings = [request_timings(r) for r in ok]
-    stats.update(
-        wall_s=wall,
-        output_tokens=out_tokens,
-        prompt_tokens=prompt_tokens,
-        agg_output_tok_s=out_tokens / wall,
-        per_request_tok_s=statistics.fmean([t["decode_tok_s"] for t in timings if not math.isnan(t["decode_tok_s"])])
-        if any(not math.isnan(t["decode_tok_s"]) for t in timings) else math.nan,
-        request_s=len(ok) / wall,
-    )
-    series = {
-        "ttft_s": [t["ttft_s"] for t in timings],
-        "tpot_s": [t["tpot_s"] for t in timings],
-        "e2e_s": [t["e2e_s"] for t in timings],
-        "itl_s": [x for t in timings for x in t["itl_s"]],
-    }
-    for name, values in series.items():
-        base = name[:-2]
-        for q in (50, 90, 99):
-            stats[f"{base}_p{q}_s"] = percentile(values, q)
+    stats.update(wall_s=wall, output_tokens=out_tokens, prompt_tokens=sum(r.get("prompt_tokens") or 0 for r in ok),
+                 agg_output_tok_s=out_tokens / wall, request_s=len(ok) / wall)
+    stats.update(_latency_columns(ok))
     return stats
+
+
+def window_stats(records: list[dict], t_start: float, t_end: float) -> dict:
+    """One repeat of a steady-state cell, measured over the window [t_start, t_end).
+
+    - Output tok/s = output tokens of all requests that arrived inside the window / window length (tokens of the
+      ramp-up before it and of the drain after it are left out; failed requests' tokens are left out too).
+    - Latency percentiles, per-request tok/s and errors come from the requests sent inside the window.
+    - Requests/s = requests that completed inside the window / window length.
+    """
+    length = max(t_end - t_start, 1e-9)
+    ok_all = [r for r in records if not r.get("error")]
+    inside = [r for r in records if t_start <= r["send"] < t_end]
+    ok = [r for r in inside if not r.get("error")]
+    out_tokens = sum(tokens_between(r, t_start, t_end) for r in ok_all)
+    stats: dict = {
+        "window_s": length,
+        "requests": len(inside),
+        "errors": len(inside) - len(ok),
+        "output_tokens": out_tokens,
+        "prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in ok),
+        "agg_output_tok_s": out_tokens / length,
+        "request_s": sum(1 for r in ok_all if t_start <= r["end"] < t_end) / length,
+        "warmup_requests": sum(1 for r in records if r["send"] < t_start),
+        "drain_requests": sum(1 for r in records if r["send"] >= t_end),
+    }
+    stats.update(_latency_columns(ok))
+    return stats
+
+
+def combine_repeats(rows: list[dict], keys: Iterable[str], count_columns: Iterable[str] = ()) -> dict:
+    """One cell from its repeats: each numeric column's mean, and for ``ci_columns`` the 95 % half-width as
+    ``<col>_ci95`` (NaN with one repeat: no interval is invented); counts in ``count_columns`` are summed."""
+    out: dict = {}
+    count_columns = set(count_columns)
+    ci_columns = set(keys)
+    for key in dict.fromkeys(k for r in rows for k in r):
+        values = [r.get(key) for r in rows]
+        numeric = [v for v in values if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)]
+        if key in count_columns:
+            out[key] = sum(numeric)
+        elif isinstance(values[0], bool) or any(isinstance(v, bool) for v in values):
+            out[key] = any(bool(v) for v in values)
+        elif numeric and len(numeric) == len([v for v in values if v is not None]):
+            mean, half = mean_ci95(numeric)
+            out[key] = mean
+            if key in ci_columns:
+                out[f"{key}_ci95"] = half
+        else:
+            out[key] = values[0]
+    out["repeats"] = len(rows)
+    return out
+
+
+def relative_band(lo: float, hi: float, ratio: float) -> float:
+    """How far from 1 a ratio and its interval reach, as a fraction (the A/A noise of one cell)."""
+    reach = [abs(x - 1.0) for x in (lo, hi, ratio) if x is not None and math.isfinite(x)]
+    return max(reach) if reach else math.nan
+
+
+def verdict(lo: float, hi: float, band: float) -> str:
+    """``faster`` / ``slower`` only when the ratio's whole 95 % interval lies beyond 1 ± the noise band;
+    ``no measurable difference`` otherwise; ``not measurable`` without an interval or a band (one repeat)."""
+    if any(x is None or math.isnan(x) for x in (lo, hi, band)):
+        return "not measurable"
+    if lo > 1.0 + band:
+        return "faster"
+    if hi < 1.0 - band:
+        return "slower"
+    return "no measurable difference"
