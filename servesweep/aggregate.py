@@ -293,3 +293,16 @@ def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: l
     energy = energy_table(cells)
     energy.to_csv(out.energy, index=False)
     Path(out.energy_md).write_text(to_markdown(readable(energy.dropna(axis="columns", how="all")), "g"))
+
+
+def build_tables_in(run_dirs: list[Path], baseline: str, out_dir: Path) -> TablePaths:
+    """``build_tables`` over run folders (``cells.csv``, ``repeats.csv`` if recorded, ``meta.json`` each), writing
+    the tables under ``out_dir`` with the pipeline's file names: how recorded examples are regenerated."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = {"cells": "cells.csv", "repeats": "repeats.csv", "noise": "noise.json", "throughput": "throughput.csv",
+             "throughput_md": "throughput.md", "speedup": "speedup.csv", "speedup_md": "speedup.md",
+             "energy": "energy.csv", "energy_md": "energy.md"}
+    paths = TablePaths(**{k: out_dir / v for k, v in names.items()})
+    build_tables([d / "cells.csv" for d in run_dirs], [d / "repeats.csv" for d in run_dirs],
+                 [d / "meta.json" for d in run_dirs], baseline, paths)
+    return paths

@@ -75,7 +75,8 @@ def config_gpus(sc: ServerConfig, world_size: int) -> list[int]:
 def combine_cell(repeats: list[dict]) -> dict:
     """One cell from its repeats: means, 95 % half-widths of the ``CI_COLUMNS``, summed counts; client-bound and
     window-capped if any repeat was."""
-    out = stats_mod.combine_repeats(repeats, CI_COLUMNS, COUNT_COLUMNS)
+    out = stats_mod.combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in repeats], CI_COLUMNS,
+                                    COUNT_COLUMNS)
     out["cell_start"], out["cell_end"] = repeats[0]["cell_start"], repeats[-1]["cell_end"]
     return out
 
@@ -149,7 +150,8 @@ async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, mat
 
         for name in real:
             sample = await sample_workload(name, matrix.real_text["pool"], matrix.real_text["seed"], count,
-                                           output_tokens_cap=matrix.output_tokens, rules=matrix.real_text["rules"])
+                                           output_tokens_cap=matrix.output_tokens, rules=matrix.real_text["rules"],
+                                           context_len=matrix.real_text["max_prompt_tokens"] + matrix.output_tokens)
             sources[(name, 0)] = TextPrompts(tuple(Prompt(r.prompt, r.output_tokens, r.source_id)
                                                    for r in sample.requests))
             described[name] = {**sample.description, "lengths": sample.length_summary()}

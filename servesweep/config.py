@@ -66,7 +66,7 @@ def apply_defaults(config: dict) -> dict:
     config.setdefault("host", {})
     matrix = config.get("matrix", {})
     matrix.setdefault("workloads", ["synthetic"])
-    for key, value in (("rules", "sglang"), ("seed", 0), ("pool", 256)):
+    for key, value in (("rules", "sglang"), ("seed", 0), ("pool", 256), ("max_prompt_tokens", 1024)):
         matrix.setdefault("real_text", {}).setdefault(key, value)
     for key, value in (("seconds", 1.0), ("requests_per_concurrency", 1)):
         matrix.setdefault("warmup", {}).setdefault(key, value)
@@ -159,11 +159,11 @@ def expand_replicates(config: dict) -> tuple[dict, list[tuple[str, str, str]]]:
     An identical copy measured as its own job is the sweep's A/A check: whatever it shows against the original is
     noise (docs/measurement.md).
     """
-    configs = config.get("server_configs")
-    if not isinstance(configs, dict):
+    if not isinstance(config.get("server_configs"), dict):
         return config, []
     problems = []
     config = copy.deepcopy(config)
+    configs = config["server_configs"]
     for name, entry in list(configs.items()):
         if not isinstance(entry, dict) or "replicate_of" not in entry:
             continue
@@ -255,6 +255,11 @@ class Matrix:
     def warmup_for(self, concurrency: int) -> int:
         """Requests that must complete at the cell's own concurrency before the window opens."""
         return int(round(self.warmup_per_concurrency * concurrency))
+
+    def longest_prompt(self) -> int:
+        """The longest prompt any cell can send, in tokens."""
+        longest = max(self.context_lengths) if "synthetic" in self.workloads else 0
+        return max(longest, self.real_text["max_prompt_tokens"] if set(self.workloads) - {"synthetic"} else 0)
 
     def cells(self) -> list[tuple[str, int, int]]:
         """(workload, ctx, C) of every cell; real-text workloads have their own prompt lengths, keyed ctx = 0."""

@@ -366,6 +366,14 @@ def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> li
 
 
 def _matrix_text(matrix: dict) -> str:
+    if "requests_per_cell" in matrix:  # recorded before cells had a measured window
+        rpc = matrix["requests_per_cell"]
+        return (f"Matrix: prompt tokens {matrix.get('context_lengths')} × concurrency {matrix.get('concurrencies')}, "
+                f"{matrix.get('output_tokens')} output tokens per request. **Recorded before steady-state cells**: "
+                f"each cell was a fixed batch of {rpc.get('per_concurrency')}× C requests (at least {rpc.get('min')}) "
+                f"after {matrix.get('warmup_requests')} warm-up request(s), throughput over the time from the first "
+                f"send to the last completion (ramp-up and tail included), {matrix.get('repeats')} repeat(s): no "
+                "interval can be computed from these runs, so no speedup below is a finding.")
     warm, measure = matrix.get("warmup") or {}, matrix.get("measure") or {}
     workloads = matrix.get("workloads") or ["synthetic"]
     return (f"Matrix: workloads {workloads} (synthetic prompts of {matrix.get('context_lengths')} tokens) × "

@@ -32,7 +32,8 @@ def test_server_death_mid_matrix_keeps_finished_cells(tmp_path):
     config["server_configs"] = {"ar": config["server_configs"]["ar"]}
     config["server_configs"]["ar"]["options"].update(parallel=1, ctx_size=512)
     config["matrix"] = {"context_lengths": [32], "concurrencies": [1, 2, 4], "output_tokens": 8,
-                        "requests_per_cell": {"per_concurrency": 1, "min": 2}, "warmup_requests": 0}
+                        "warmup": {"seconds": 0, "requests_per_concurrency": 0},
+                        "measure": {"seconds": 0.2, "requests_per_concurrency": 1, "min_requests": 2}, "repeats": 1}
     config = check_config(config)
     manifest = materialise("gemma-3-270m", config["models"]["gemma-3-270m"], tmp_path / "model")
     facts = get_engine("llamacpp").prepare(config["engines"]["llamacpp"], log=io.StringIO())
@@ -48,7 +49,7 @@ def test_server_death_mid_matrix_keeps_finished_cells(tmp_path):
     meta = json.loads((paths.attempt_dir / "meta.json").read_text())
     assert meta["status"] == "failed" and meta["cells_measured"] >= 1
     first = (paths.attempt_dir / "cells.csv").read_text().splitlines()
-    assert first[0].startswith("config,") and first[1].startswith("ar,llamacpp,32,1,")
+    assert first[0].startswith("config,") and first[1].startswith("ar,llamacpp,synthetic,32,1,")
     assert (paths.attempt_dir / "requests.jsonl").read_text().strip()
     assert not paths.cells_csv.exists(), "a failed job must not publish its declared outputs"
     assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"

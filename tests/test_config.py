@@ -13,7 +13,8 @@ def problems_of(config):
 def test_default_config_is_valid(default_config):
     config = check_config(default_config)
     assert config["baseline"] == "ar"
-    assert config["matrix"]["requests_per_cell"] == {"per_concurrency": 2, "min": 4}
+    assert config["matrix"]["repeats"] >= 3
+    assert config["matrix"]["measure"]["max_seconds"] == 300  # a schema default, filled
 
 
 def test_missing_top_level_key(default_config):
@@ -106,7 +107,7 @@ def test_llamacpp_unknown_spec_type(default_config):
 
 
 def test_llamacpp_ctx_too_small_for_matrix(default_config):
-    default_config["server_configs"]["ar"]["options"]["ctx_size"] = 1024  # 4 slots x 256 < 512 + 64
+    default_config["server_configs"]["ar"]["options"]["ctx_size"] = 2048  # 4 slots x 512 < 1024 + 64 (ShareGPT cap)
     problems, _ = problems_of(default_config)
     assert problems[0][0] == "server_configs.ar.options.ctx_size"
     assert "at least" in problems[0][2]
@@ -125,10 +126,31 @@ def test_all_problems_reported_at_once(default_config):
     assert {p[0] for p in problems} == {"baseline", "server_configs.ngram.model"}
 
 
-def test_matrix_requests_per_cell():
-    m = Matrix(context_lengths=[128], concurrencies=[1, 4, 64], output_tokens=8, per_concurrency=2, min_requests=4)
+def test_matrix_window_requests_and_cells():
+    m = Matrix.from_config({"context_lengths": [128], "concurrencies": [1, 4, 64], "output_tokens": 8,
+                            "workloads": ["synthetic", "sharegpt"]})
     assert [m.requests_for(c) for c in m.concurrencies] == [4, 8, 128]
-    assert m.cells() == [(128, 1), (128, 4), (128, 64)]
+    assert [m.warmup_for(c) for c in m.concurrencies] == [1, 4, 64]
+    assert m.repeats == 3 and m.measure_s == 5.0
+    assert m.cells() == [("synthetic", 128, 1), ("synthetic", 128, 4), ("synthetic", 128, 64),
+                         ("sharegpt", 0, 1), ("sharegpt", 0, 4), ("sharegpt", 0, 64)]
+
+
+def test_replaced_matrix_keys_name_their_successor(default_config):
+    default_config["matrix"]["requests_per_cell"] = {"per_concurrency": 2}
+    problems, text = problems_of(default_config)
+    assert problems[0][0] == "matrix.requests_per_cell" and "matrix.measure" in text
+
+
+def test_replicate_of_copies_a_config(default_config):
+    default_config["server_configs"]["ar-aa"] = {"replicate_of": "ar"}
+    config = check_config(default_config)
+    copy = config["server_configs"]["ar-aa"]
+    assert copy["options"] == config["server_configs"]["ar"]["options"]
+    assert copy["labels"]["replicate_of"] == "ar"
+    default_config["server_configs"]["bad"] = {"replicate_of": "nope"}
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "server_configs.bad.replicate_of"
 
 
 def test_server_config_view(default_config):

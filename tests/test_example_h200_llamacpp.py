@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from servesweep import diagnosis
-from servesweep.aggregate import build_tables
+from servesweep.aggregate import build_tables_in
 from servesweep.report import power_energy_section
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-llamacpp"
@@ -14,13 +14,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-llamacpp"
 
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("tables")
-    names = dict(cells="cells.csv", throughput="throughput.csv", throughput_md="throughput.md",
-                 speedup="speedup.csv", speedup_md="speedup.md", energy="energy.csv", energy_md="energy.md")
-    out = SimpleNamespace(**{k: str(out_dir / v) for k, v in names.items()})
-    runs = sorted((EXAMPLE / "runs").iterdir())
-    build_tables([str(r / "cells.csv") for r in runs], [str(r / "meta.json") for r in runs], "ar", out)
-    return out
+    return build_tables_in(sorted((EXAMPLE / "runs").iterdir()), "ar", tmp_path_factory.mktemp("tables"))
 
 
 def test_llamacpp_gemma_is_host_bound_everywhere(tables):

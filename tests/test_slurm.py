@@ -237,7 +237,8 @@ def _tiny_config(binary: Path, marker_env: str, marker: Path) -> dict:
         },
         "baseline": "ar",
         "matrix": {"context_lengths": [32], "concurrencies": [1], "output_tokens": 8,
-                   "requests_per_cell": {"per_concurrency": 1, "min": 2}, "warmup_requests": 1},
+                   "warmup": {"seconds": 0, "requests_per_concurrency": 0},
+                        "measure": {"seconds": 0.2, "requests_per_concurrency": 1, "min_requests": 2}, "repeats": 1},
         "correctness": {"coding_eval": {"problems": 1, "max_tokens": 32},
                         "lossless": {"prompts": 1, "output_tokens": 8}},
     }

@@ -19,7 +19,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from servesweep.aggregate import build_tables  # noqa: E402
+from servesweep.aggregate import build_tables_in  # noqa: E402
 from servesweep.config import ServerConfig, apply_defaults  # noqa: E402
 from servesweep.correctness.job import CorrectnessSettings, skip_reason  # noqa: E402
 from servesweep.correctness.table import write_correctness_tables  # noqa: E402
@@ -46,13 +46,8 @@ def build_report(out: Path, runs: Path = HERE / "runs", charts: bool = False) ->
     config = apply_defaults(yaml.safe_load((HERE / "config.yaml").read_text()))
     baseline = config["baseline"]
     out.mkdir(parents=True, exist_ok=True)
-    cells = [str(runs / c / "cells.csv") for c in CONFIGS]
     metas = [str(runs / c / "meta.json") for c in CONFIGS]
-    tables = SimpleNamespace(**{k: out / f"{name}" for k, name in (
-        ("cells", "cells.csv"), ("throughput", "throughput.csv"), ("throughput_md", "throughput.md"),
-        ("speedup", "speedup.csv"), ("speedup_md", "speedup.md"), ("energy", "energy.csv"),
-        ("energy_md", "energy.md"))})
-    build_tables(cells, metas, baseline, tables)
+    tables = build_tables_in([runs / c for c in CONFIGS], baseline, out)
     settings = CorrectnessSettings.from_config(config.get("correctness"))
     coding, greedy = [], []
     for cfg in CONFIGS:
@@ -75,7 +70,7 @@ def build_report(out: Path, runs: Path = HERE / "runs", charts: bool = False) ->
                    out / "throughput_vs_concurrency.svg")
         save_chart(speedup_heatmap(pd.read_csv(tables.speedup), baseline), out / "speedup_heatmap.png",
                    out / "speedup_heatmap.svg")
-    inputs = SimpleNamespace(cells=tables.cells, throughput=tables.throughput_md, speedup=tables.speedup,
+    inputs = SimpleNamespace(cells=tables.cells, noise=tables.noise, throughput=tables.throughput_md, speedup=tables.speedup,
                              speedup_md=tables.speedup_md, energy_md=tables.energy_md,
                              correctness=out / "correctness.csv", correctness_md=out / "correctness.md",
                              meta=metas, env=out / "env.md")

@@ -8,6 +8,7 @@ from pathlib import Path
 import aiohttp
 
 from servesweep import promtext
+from servesweep.config import Matrix
 from servesweep.engines.base import Engine, LaunchSpec, LogEvent
 
 # structured option -> (flag, kind). kind: value | flag (bool switch) | onoff
@@ -62,7 +63,7 @@ class LlamaCppEngine(Engine):
         if "ctx_size" in opts and isinstance(opts["ctx_size"], int) and matrix.get("context_lengths"):
             per_slot = opts["ctx_size"] // max(1, int(opts.get("parallel", 1))) if not opts.get("kv_unified") \
                 else opts["ctx_size"]
-            need = max(matrix["context_lengths"]) + matrix.get("output_tokens", 0) + 16
+            need = Matrix.from_config(matrix).longest_prompt() + matrix.get("output_tokens", 0) + 16
             if per_slot < need:
                 problems.append((f"server_configs.{name}.options.ctx_size",
                                  f"{opts['ctx_size']} tokens over {opts.get('parallel', 1)} slots leaves {per_slot} per "
