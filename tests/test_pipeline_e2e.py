@@ -1,5 +1,6 @@
 """The whole pipeline on the embedded default's engine (real llama-server, real tokens) with a tiny matrix,
 then the incremental-rerun contract checked on the dry-run plan."""
+import copy
 import json
 import re
 import shutil
@@ -31,9 +32,15 @@ def tiny_config() -> dict:
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["server_configs"] = {name: config["server_configs"][name] for name in ("ar", "ngram")}
     for sc in config["server_configs"].values():
-        sc["options"].update(parallel=2, ctx_size=1024)
-    config["matrix"] = {"context_lengths": [32], "concurrencies": [1, 2], "output_tokens": 8,
-                        "requests_per_cell": {"per_concurrency": 1, "min": 2}, "warmup_requests": 1, "repeats": 1}
+        sc["options"].update(parallel=2, ctx_size=2560)
+    # The A/A check: an identical copy of the baseline, defined in full (not as a replicate), so the noise band
+    # comes from the baseline's repeats and the copy must come out as no measurable difference in every cell.
+    config["server_configs"]["ar-copy"] = copy.deepcopy(config["server_configs"]["ar"])
+    config["matrix"] = {"workloads": ["synthetic", "sharegpt"], "context_lengths": [32], "concurrencies": [1, 2],
+                        "output_tokens": 8, "real_text": {"pool": 32, "max_prompt_tokens": 256},
+                        "warmup": {"seconds": 0.3, "requests_per_concurrency": 1},
+                        "measure": {"seconds": 1.0, "requests_per_concurrency": 1, "min_requests": 2},
+                        "repeats": 3}
     config["correctness"] = {"coding_eval": {"problems": 1, "max_tokens": 96},
                              "lossless": {"prompts": 2, "output_tokens": 16}}
     return config
@@ -68,7 +75,7 @@ def workdir(tmp_path_factory):
 def test_fresh_checkout_plans_the_dag(workdir):
     out = snakemake(workdir, "-n", "report").stdout
     rules = [r for r, _ in planned_jobs(out)]
-    assert rules.count("bench_config") == 2
+    assert rules.count("bench_config") == 3
     for rule in ("download_model", "prepare_engine", "check_env", "aggregate_tables", "plot_charts",
                  "write_findings"):
         assert rule in rules
@@ -82,22 +89,36 @@ def test_pipeline_end_to_end(workdir):
         assert (workdir / f"results/report/{name}.png").read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (workdir / f"results/report/{name}.svg").read_text()[:500]
     cells = pd.read_csv(workdir / "results/tables/cells.csv")
-    assert len(cells) == 4 and (cells["errors"] == 0).all()
-    assert (cells["agg_output_tok_s"] > 0).all()
-    assert (cells["prompt_tokens_per_request"] - 32).abs().max() <= 1
-    for cfg in ("ar", "ngram"):
+    assert len(cells) == 12 and (cells["errors"] == 0).all() and (cells["repeats"] == 3).all()
+    assert (cells["agg_output_tok_s"] > 0).all() and cells["agg_output_tok_s_ci95"].notna().all()
+    synthetic = cells[cells["workload"] == "synthetic"]
+    assert (synthetic["prompt_tokens_per_request"] - 32).abs().max() <= 1
+    sharegpt = cells[cells["workload"] == "sharegpt"]
+    assert sharegpt["prompt_tokens_per_request"].nunique() > 1  # real prompts have lengths of their own
+    repeats = pd.read_csv(workdir / "results/tables/repeats.csv")
+    assert len(repeats) == 36
+    for cfg in ("ar", "ngram", "ar-copy"):
         run = workdir / "results/runs" / cfg
         meta = json.loads((run / "meta.json").read_text())
         assert meta["status"] == "ok" and meta["model_sha256"].startswith("a5fd3b62")
         assert "llama-server" in meta["argv"][0] and meta["ready_s"] > 0
         records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
-        assert all(r["completion_tokens"] == 8 and len(r["chunks"]) >= 1 for r in records)
+        assert all(r["completion_tokens"] == r["requested_output_tokens"] and len(r["chunks"]) >= 1
+                   for r in records)
+        assert {r["phase"] for r in records} >= {"warmup", "measured"}
         assert "llama" in (run / "server.log").read_text().lower()
     speedup = pd.read_csv(workdir / "results/tables/speedup.csv")
-    assert set(speedup["config"]) == {"ar", "ngram"}
-    assert (speedup[speedup["config"] == "ar"]["speedup"] == 1.0).all()
+    assert set(speedup["config"]) == {"ar-copy", "ngram"}
+    copy_rows = speedup[speedup["config"] == "ar-copy"]
+    assert len(copy_rows) == 4 and (copy_rows["speedup_lo"] < copy_rows["speedup_hi"]).all()
+    # The A/A property on real servers: an identical config is never reported faster or slower.
+    assert (copy_rows["verdict"] == "no measurable difference").all(), copy_rows.to_string()
+    assert "`ar-copy` at 32 prompt tokens shows no measurable difference" in findings
+    assert "`ar-copy` on sharegpt prompts shows no measurable difference" in findings
+    noise = json.loads((workdir / "results/tables/noise.json").read_text())
+    assert noise["source"] == "baseline repeats" and noise["band"] > 0
     correctness = pd.read_csv(workdir / "results/tables/correctness.csv")
-    assert set(correctness["config"]) == {"ar", "ngram"}
+    assert set(correctness["config"]) == {"ar", "ngram", "ar-copy"}
     assert "## Correctness" in findings
     leftover = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True).stdout.split()
     assert not leftover, "a server outlived its job"
