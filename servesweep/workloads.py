@@ -380,7 +380,6 @@ async def sample_workload(name: str, n: int, seed: int, count_tokens: CountToken
     dropped = {r: 0 for r in DROP_REASONS}
     requests: list[WorkloadRequest] = []
     tried = 0
-    started = time.perf_counter()
     if name == "sharegpt":
         convs, facts = sharegpt_conversations()
         order = list(convs)
@@ -442,7 +441,6 @@ async def sample_workload(name: str, n: int, seed: int, count_tokens: CountToken
         "context_len": context_len,
         "counts": {"available": available, "tried": tried, "accepted": len(requests), "dropped": dropped,
                    "tokenize_calls": calls},
-        "sampling_s": round(time.perf_counter() - started, 3),
     }
     return WorkloadSample(name, requests, description)
 
@@ -481,10 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         load = {"loaded_from": facts["loaded_from"], "load_s": round(time.perf_counter() - started, 3)}
     else:
         load = {}
+    started = time.perf_counter()
     sample = asyncio.run(sample_workload(args.name, args.n, args.seed, count,
                                          output_tokens_cap=args.output_tokens_cap,
                                          fixed_output_tokens=args.fixed_output_tokens, rules=args.rules,
                                          context_len=args.context_len))
+    load["sampling_s"] = round(time.perf_counter() - started, 3)
     print(json.dumps({"counter": args.tokenizer or "whitespace words", **load,
                       "description": sample.description, "lengths": sample.length_summary()}, indent=1))
     return 0

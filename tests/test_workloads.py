@@ -280,7 +280,7 @@ def test_seeded_shuffle_is_reproducible_and_leaves_the_global_rng_alone(fake_sha
     b = sample(n=20, seed=7)
     c = sample(n=20, seed=8)
     assert [r.source_id for r in a.requests] == [r.source_id for r in b.requests]
-    assert a.requests == b.requests
+    assert a.requests == b.requests and a.description == b.description
     assert [r.source_id for r in a.requests] != [r.source_id for r in c.requests]
     order = [f"c{i}" for i in range(200)]
     random.Random(7).shuffle(order)  # the same permutation vLLM's random.seed(7); random.shuffle(...) gives
