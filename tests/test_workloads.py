@@ -337,7 +337,7 @@ def test_humaneval_sample():
                            r"humaneval"),
     ({"name": "synthetic"}, r"matrix\.workloads: 'synthetic' is built by servesweep\.loadgen"),
     ({"rules": "vlm"}, r"rules.*'vlm' is not a rule set; choose vllm or sglang"),
-    ({"n": 0}, r"request count: 0 is not a positive integer"),
+    ({"n": 0}, r"matrix.real_text.pool: 0 is not a positive integer"),
     ({"output_tokens_cap": 0}, r"output_tokens_cap: 0"),
     ({"fixed_output_tokens": -1}, r"fixed_output_tokens: -1"),
     ({"context_len": 1}, r"context_len: 1"),
