@@ -81,8 +81,10 @@ class SyntheticPrompts:
     @classmethod
     async def build(cls, tokenize: Callable[[str], Awaitable[list[int]]], corpus_ids: list[int], length: int,
                     tag: int = 0, output_tokens: int | None = None) -> "SyntheticPrompts":
-        digits = tuple(tuple(await tokenize(str(d))) for d in range(10))
-        return cls(tuple(await tokenize("Request")), digits, tuple(await tokenize("-")),
+        digits = []
+        for d in range(10):
+            digits.append(tuple(await tokenize(str(d))))
+        return cls(tuple(await tokenize("Request")), tuple(digits), tuple(await tokenize("-")),
                    tuple(await tokenize(". Continue the text:")), tuple(corpus_ids), length, tag, output_tokens)
 
     def _number(self, value: int) -> list[int]:

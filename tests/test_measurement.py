@@ -255,3 +255,21 @@ def test_steady_state_cell_windows_and_callbacks():
     assert len(set(app["sends"])) == len(app["sends"])
     assert all(p.startswith("Request 7-") for p in app["sends"])
     assert all(r["requested_output_tokens"] == TOKENS for r in records)
+
+
+def test_synthetic_prompts_are_exact_unique_and_the_same_in_every_config():
+    from servesweep.loadgen import SyntheticPrompts
+
+    async def tokenize(text):  # one id per character: enough to check lengths and tags
+        return [ord(ch) for ch in text]
+
+    corpus = list(range(1000, 1300))
+    a = asyncio.run(SyntheticPrompts.build(tokenize, corpus, 64, tag=3))
+    b = asyncio.run(SyntheticPrompts.build(tokenize, corpus, 64, tag=3))
+    prompts = [a.get(i).payload for i in range(50)]
+    assert all(len(p) == 64 for p in prompts)
+    assert len({tuple(p) for p in prompts}) == 50
+    assert [b.get(i).payload for i in range(50)] == prompts
+    other = asyncio.run(SyntheticPrompts.build(tokenize, corpus, 64, tag=31))
+    assert other.get(2).payload != a.get(12).payload  # tag 3 index 12 vs tag 31 index 2: the separator tells
+    assert "".join(map(chr, a.get(12).payload[:12])) == "Request3-12."
