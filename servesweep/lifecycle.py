@@ -428,7 +428,9 @@ async def wait_until_ready(server: ServerProcess, engine: Engine, sc, timeout_s:
     facts: dict = {"health_transitions": []}
     last_detail = None
     timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # A fresh connection per probe, like the load generator's requests: a server that closes idle keep-alive
+    # connections (or announces keep-alive and closes anyway) must not fail readiness on a stale pooled socket.
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as session:
         while True:
             if not server.alive():
                 raise ServerStartError(
