@@ -9,6 +9,7 @@ command -v aria2c >/dev/null || need+=(aria2)
 command -v cmake >/dev/null || need+=(cmake)
 command -v g++ >/dev/null || need+=(g++)
 command -v git >/dev/null || need+=(git)
+command -v bwrap >/dev/null || need+=(bubblewrap)  # the sandbox for model-written code
 python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
   || need+=(python3-dev)
 if [ "${#need[@]}" -gt 0 ]; then

@@ -1,16 +1,34 @@
 """Engine-agnostic server lifecycle: free port, own process group, readiness, identity, guaranteed teardown.
 
-No server outlives its job: teardown runs on normal exit, on any exception and on SIGINT/SIGTERM, kills the whole
-process group (TERM, then KILL after a grace period) and waits until the port is free again.
+No server outlives its job, whatever ends the job:
+
+- normal exit, any exception, SIGINT/SIGTERM/SIGHUP: :meth:`ServerProcess.stop` kills the whole process group
+  (TERM, then KILL after a grace period) and waits until the port is free again;
+- SIGKILL of the job (OOM killer, ``kill -9``, a scheduler's hard kill), where no code of the job runs: two guards
+  set up at launch. The server's own process (the group leader) asks the kernel for ``PR_SET_PDEATHSIG`` =
+  SIGKILL before it execs the engine, so it dies the instant the job does. Engines whose workers outlive their
+  leader (vLLM's and SGLang's schedulers, tokenizer and GPU workers) are covered by a watchdog: a tiny process in
+  a session of its own (so a kill of the job's process group spares it) that sleeps on a pidfd of the job
+  (an exact, wake-on-exit handle that cannot be fooled by pid reuse; polling of ``getppid()`` where pidfds are
+  missing) and, once the job is gone, kills the server's process group — TERM, grace, KILL — and exits. It also
+  exits by itself once the group is gone after a normal stop. A watchdog rather than a PDEATHSIG on every worker
+  because the workers are started by the engine, not by us.
+- a launch record (``<records_dir>/<name>.json``: pids, process group, port, GPUs, start time, argv, config) is
+  written at launch and removed at a clean stop. :func:`preflight`, called by the next job before it launches,
+  reaps any server whose job died without stopping it, and refuses to measure beside a foreign process that holds
+  the port (or a running job that holds the GPUs).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -22,6 +40,65 @@ from servesweep.engines.base import Engine, LaunchSpec
 
 class ServerStartError(RuntimeError):
     """The server died or did not become ready; the message carries the last log lines."""
+
+
+class ServerConflict(RuntimeError):
+    """Something that is not this job's server holds the config's port or GPUs: refuse to measure beside it."""
+
+
+# Runs as the server's process before it becomes the engine: SIGKILL when the job's launching thread dies, then
+# exec. Checking the parent after prctl closes the race of a job that died between fork and prctl.
+_PDEATHSIG_EXEC = """import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+    sys.exit("servesweep: prctl(PR_SET_PDEATHSIG) failed: " + os.strerror(ctypes.get_errno()))
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("servesweep: the job died before its server started")
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+# The watchdog: ``python -I -c _WATCHDOG <job pid> <server pgid> <grace s> <log path>``, in a session of its own.
+# The job is alive exactly while it is this process's parent: when it dies, the kernel reparents us.
+_WATCHDOG = """import os, select, signal, sys, time
+job, pgid, grace, log = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+def group_alive():
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+try:
+    handle = os.pidfd_open(job)
+except (AttributeError, OSError):
+    handle = None
+while os.getppid() == job:
+    if not group_alive():
+        sys.exit(0)  # the job stopped its server itself
+    if handle is not None:
+        select.select([handle], [], [], 0.5)
+    else:
+        time.sleep(0.2)
+if not group_alive():
+    sys.exit(0)
+try:
+    with open(log, "a") as fh:
+        fh.write(f"# servesweep watchdog: job {job} died without stopping its server; killing process group {pgid}\\n")
+except OSError:
+    pass
+try:
+    os.killpg(pgid, signal.SIGTERM)
+except ProcessLookupError:
+    sys.exit(0)
+deadline = time.monotonic() + grace
+while group_alive() and time.monotonic() < deadline:
+    time.sleep(0.1)
+try:
+    os.killpg(pgid, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -55,18 +132,180 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (index 0 = state); None when the process is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return raw[raw.rfind(b")") + 2:].decode().split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot: with the pid, an identity that pid reuse cannot fake."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and fields[0] not in ("Z", "X") else None
+
+
+def _same_process(pid: int | None, ticks: int | None) -> bool:
+    return bool(pid) and ticks is not None and start_ticks(pid) == ticks
+
+
+def group_members(pgid: int, leader_ticks: int | None = None) -> list[int]:
+    """Live pids in process group ``pgid``; [] when the group id now belongs to another leader (pid reuse)."""
+    if leader_ticks is not None:
+        leader = start_ticks(pgid)
+        if leader is not None and leader != leader_ticks:
+            return []
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+                members.append(int(entry.name))
+    return members
+
+
+def kill_group(pgid: int, grace_s: float, leader_ticks: int | None = None) -> bool:
+    """TERM the group, KILL it after ``grace_s``; True once no member is left (waits up to 10 s more)."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        if not group_members(pgid, leader_ticks):
+            return True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while group_members(pgid, leader_ticks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return not group_members(pgid, leader_ticks)
+
+
+def port_listeners(port: int) -> list[int]:
+    """Pids of the processes that hold a TCP socket listening on ``port`` (any address), where /proc shows them."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as fh:
+            next(fh, None)
+            for line in fh:
+                parts = line.split()
+                if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(parts[9])
+    pids = []
+    if not inodes:
+        return pids
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:[") and link[8:-1] in inodes:
+                        pids.append(int(entry.name))
+                        break
+    return pids
+
+
+def _describe(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = "?"
+    return f"pid {pid} ({cmd[:200]})"
+
+
+def read_launch_records(records_dir: Path) -> list[tuple[Path, dict | None]]:
+    """Every launch record in ``records_dir`` (None for one that cannot be read)."""
+    out = []
+    for path in sorted(Path(records_dir).glob("*.json")):
+        try:
+            out.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError):
+            out.append((path, None))
+    return out
+
+
+def preflight(records_dir: Path, port: int | None, gpus=(), host: str = "127.0.0.1",
+              grace_s: float = 10.0) -> list[str]:
+    """Before a launch: reap leftovers of earlier jobs, refuse foreign occupants. Returns what it did, in words.
+
+    For each launch record on this host whose job has died: a server still alive is killed with its whole process
+    group (TERM, ``grace_s``, KILL) and reported; a record whose server is gone is removed and reported. Records of
+    jobs still running are left alone. Then raises :class:`ServerConflict` when a running job's server holds
+    ``port`` or any of ``gpus``, or when anything else listens on ``port`` — the message names the process.
+    """
+    messages: list[str] = []
+    hostname = socket.gethostname()
+    gpus = set(gpus or ())
+    for path, rec in read_launch_records(Path(records_dir)):
+        if rec is None:
+            path.unlink(missing_ok=True)
+            messages.append(f"removed unreadable launch record {path}")
+            continue
+        if rec.get("hostname") != hostname:
+            continue  # a job on another node of a shared results folder
+        what = (f"config '{rec.get('name')}' (pid {rec.get('pid')}, process group {rec.get('pgid')}, port "
+                f"{rec.get('port')}, GPUs {rec.get('gpus') or 'none'}, started "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(rec.get('started_at') or 0))} by job "
+                f"{rec.get('job_pid')})")
+        if _same_process(rec.get("job_pid"), rec.get("job_start_ticks")):
+            if port and rec.get("port") == port:
+                raise ServerConflict(f"port {port} is held by the running server of {what}; refusing to launch a "
+                                     "second server on it — wait for that job or give this config another port")
+            if gpus & set(rec.get("gpus") or ()):
+                raise ServerConflict(f"GPUs {sorted(gpus & set(rec['gpus']))} are in use by the running server of "
+                                     f"{what}; measuring beside it would distort both — run the configs one after "
+                                     "the other or on disjoint GPUs")
+            continue
+        members = group_members(rec["pgid"], rec.get("pid_start_ticks"))
+        if members:
+            gone = kill_group(rec["pgid"], grace_s, rec.get("pid_start_ticks"))
+            messages.append(f"reaped the leftover server of {what}: its job died without stopping it; killed "
+                            f"{len(members)} process(es)" + ("" if gone else " — SOME SURVIVED SIGKILL"))
+            if not gone:
+                raise ServerConflict(f"leftover server of {what} survived SIGKILL: pids "
+                                     f"{group_members(rec['pgid'], rec.get('pid_start_ticks'))}")
+        else:
+            messages.append(f"removed the launch record of {what}: its job died without a clean stop, and its "
+                            "server is already gone")
+        path.unlink(missing_ok=True)
+    if port and port_in_use(port, host):
+        deadline = time.monotonic() + 5  # a reaped server's socket may take a moment to close
+        while port_in_use(port, host) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    if port and port_in_use(port, host):
+        owners = [_describe(pid) for pid in port_listeners(port)] or ["a process this host does not show"]
+        raise ServerConflict(f"port {port} on {host} is taken by a process this pipeline did not start: "
+                             f"{', '.join(owners)}. Refusing to measure beside it — stop it or give the config "
+                             "another port")
+    return messages
+
+
 class ServerProcess:
     """A server started in its own session (process group) with stdout+stderr appended to ``log_path``."""
 
-    def __init__(self, spec: LaunchSpec, log_path: Path, stop_grace_s: float = 20, host: str = "127.0.0.1"):
+    def __init__(self, spec: LaunchSpec, log_path: Path, stop_grace_s: float = 20, host: str = "127.0.0.1",
+                 records_dir: Path | None = None, name: str | None = None, gpus=(), config: dict | None = None,
+                 orphan_guard: bool = True):
+        """``records_dir``: where the launch record goes (``<records_dir>/<name>.json``; none when None).
+        ``orphan_guard``: the parent-death signal and the watchdog (off only to build a leftover in tests)."""
         self.spec = spec
         self.log_path = Path(log_path)
         self.stop_grace_s = stop_grace_s
         self.host = host
+        self.records_dir = Path(records_dir) if records_dir is not None else None
+        self.name = name or "server"
+        self.gpus = list(gpus or ())
+        self.config = config
+        self.orphan_guard = orphan_guard
         self.proc: subprocess.Popen | None = None
+        self.watchdog: subprocess.Popen | None = None
         self.started_at: float | None = None
         self.stopped_at: float | None = None
         self._previous_handlers: dict[int, object] = {}
+
+    @property
+    def record_path(self) -> Path | None:
+        return self.records_dir / f"{self.name}.json" if self.records_dir is not None else None
 
     @property
     def base_url(self) -> str:
@@ -79,13 +318,42 @@ class ServerProcess:
         try:
             log.write(f"# servesweep: launching {' '.join(self.spec.argv)}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+            argv = list(self.spec.argv)
+            # PR_SET_PDEATHSIG follows the thread that forked: only the main thread lives as long as the job
+            if self.orphan_guard and threading.current_thread() is threading.main_thread():
+                argv = [sys.executable, "-I", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *argv]
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()
         self.started_at = time.time()
         self._install_signal_handlers()
+        if self.orphan_guard:
+            self.watchdog = subprocess.Popen(
+                [sys.executable, "-I", "-c", _WATCHDOG, str(os.getpid()), str(self.proc.pid),
+                 str(self.stop_grace_s), str(self.log_path)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+        self._write_record()
         return self
+
+    def launch_record(self) -> dict:
+        """What the next job's :func:`preflight` needs to recognise this server, and what a person needs to."""
+        return {
+            "name": self.name, "hostname": socket.gethostname(), "pid": self.proc.pid, "pgid": self.proc.pid,
+            "pid_start_ticks": start_ticks(self.proc.pid), "port": self.spec.port, "host": self.host,
+            "gpus": self.gpus, "started_at": self.started_at, "argv": self.spec.argv, "env": self.spec.env,
+            "log_path": str(self.log_path), "job_pid": os.getpid(), "job_start_ticks": start_ticks(os.getpid()),
+            "watchdog_pid": self.watchdog.pid if self.watchdog else None, "config": self.config,
+        }
+
+    def _write_record(self) -> None:
+        if self.record_path is None:
+            return
+        self.record_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.record_path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.launch_record(), indent=2, default=str) + "\n")
+        tmp.replace(self.record_path)
 
     def _install_signal_handlers(self) -> None:
         # SIGTERM (SLURM cancel, snakemake kill) must unwind through stop(); turn it into an exception.
@@ -130,6 +398,14 @@ class ServerProcess:
         deadline = time.monotonic() + 30
         while self.spec.port and port_in_use(self.spec.port, self.host) and time.monotonic() < deadline:
             time.sleep(0.1)
+        if self.watchdog is not None:  # it sees the group gone and exits by itself
+            try:
+                self.watchdog.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                self.watchdog.wait()
+        if self.record_path is not None and not _group_alive(pgid):
+            self.record_path.unlink(missing_ok=True)
         self.stopped_at = time.time()
         self._restore_signal_handlers()
 
@@ -152,7 +428,9 @@ async def wait_until_ready(server: ServerProcess, engine: Engine, sc, timeout_s:
     facts: dict = {"health_transitions": []}
     last_detail = None
     timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # A fresh connection per probe, like the load generator's requests: a server that closes idle keep-alive
+    # connections (or announces keep-alive and closes anyway) must not fail readiness on a stale pooled socket.
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as session:
         while True:
             if not server.alive():
                 raise ServerStartError(

@@ -224,6 +224,11 @@ class _StreamedResponse(asyncio.BufferedProtocol):
     (several events in one read share its stamp; an event split over reads gets the stamp of the read that ends
     it). The events are parsed once the response has ended, so a chunk costs the client a few byte scans, not a
     JSON parse and a task switch. Bodies may be chunked, Content-Length-delimited or end at connection close.
+
+    A response that ends wrong sets ``error`` (a message) and ``error_kind``: ``malformed_http`` (a status line,
+    header or chunk size that does not parse), ``no_response`` (the connection closed before a status line) or
+    ``truncated`` (it closed before the framing said the body was complete). Whether the event stream itself is
+    complete is judged afterwards, by :func:`stream_one`.
     """
 
     def __init__(self, request: bytes, loop: asyncio.AbstractEventLoop, read_buffer: memoryview):
@@ -234,6 +239,7 @@ class _StreamedResponse(asyncio.BufferedProtocol):
         self.head = b""
         self.status: int | None = None
         self.chunked = False
+        self.content_type: str | None = None
         self.length: int | None = None  # Content-Length; None: chunked, or the body ends at connection close
         self.received = 0
         self.frame = b""  # chunked framing split across reads, carried to the next read
@@ -244,6 +250,7 @@ class _StreamedResponse(asyncio.BufferedProtocol):
         self.line_head = b""  # first bytes of the line the last read left unfinished
         self.arrivals: list[tuple[float, int]] = []  # (arrival time, data lines completed by that read)
         self.error: str | None = None
+        self.error_kind: str | None = None
         self.end: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -267,7 +274,7 @@ class _StreamedResponse(asyncio.BufferedProtocol):
             if self.chunked:
                 data = self._dechunk(data)
         except (ValueError, IndexError) as exc:
-            self._finish(t, f"malformed HTTP response: {exc!r}")
+            self._finish(t, f"malformed HTTP response: {exc!r}", "malformed_http")
             return
         if data:
             self._take(t, data)
@@ -277,10 +284,14 @@ class _StreamedResponse(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.done.done():
             return
-        if self.status is not None and not self.chunked and self.length is None:
+        if self.status is not None and not self.chunked and self.length is None and exc is None:
             self._finish(now())  # a body without framing ends when the server closes the connection
+        elif self.status is None:
+            self._finish(now(), "server closed the connection before the response ended (no status line"
+                         + (f"; {exc})" if exc else ")"), "no_response")
         else:
-            self._finish(now(), "server closed the connection before the response ended" + (f": {exc}" if exc else ""))
+            self._finish(now(), "server closed the connection before the response ended" + (f": {exc}" if exc else ""),
+                         "truncated")
 
     def _read_head(self, data: bytes) -> bytes | None:
         """Parse the status line and headers once they are complete; returns the body bytes that followed."""
@@ -299,6 +310,7 @@ class _StreamedResponse(asyncio.BufferedProtocol):
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         self.status = status
+        self.content_type = headers.get("content-type")
         self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         if status in (204, 304):
             self.length = 0
@@ -354,9 +366,10 @@ class _StreamedResponse(asyncio.BufferedProtocol):
             self.arrivals.append((t, n))
         self.line_head = piece[cut + 1:cut + 6]
 
-    def _finish(self, t: float, error: str | None = None) -> None:
+    def _finish(self, t: float, error: str | None = None, kind: str | None = None) -> None:
         self.end = t
         self.error = error
+        self.error_kind = kind if error else None
         if self.transport is not None:
             self.transport.close()
         if not self.done.done():
@@ -442,6 +455,38 @@ class _Target:
                     raise
 
 
+ERROR_KINDS = {
+    "connect": "no connection to the server (refused, unreachable, reset while sending)",
+    "timeout": "no complete response within request_timeout_s",
+    "no_response": "the connection closed before any status line",
+    "malformed_http": "a status line, header or chunk size that does not parse",
+    "http_status": "an HTTP status other than 200",
+    "not_sse": "a 200 response that is not an event stream (an HTML page, a JSON body)",
+    "truncated": "the connection ended mid-body, or the event stream ended without [DONE]",
+    "malformed_sse": "an event whose data is not one JSON object",
+    "server_error": "an error event inside the stream",
+    "no_tokens": "a complete stream without any token",
+    "no_finish_reason": "a complete stream whose choices never gave a finish reason",
+    "short_output": "fewer tokens than a fixed-length request (ignore_eos, min_tokens = max_tokens) asked for",
+}
+
+
+def _fail(rec: dict, kind: str, message: str) -> None:
+    """Record the first thing that went wrong with a request: its kind (one of :data:`ERROR_KINDS`) and message."""
+    if not rec["error"]:
+        rec["error"] = message[:500]
+        rec["error_kind"] = kind
+
+
+def fixed_length(spec: LoadSpec, max_tokens: int | None = None) -> bool:
+    """Whether the requests of ``spec`` ask for exactly their ``max_tokens`` (default: the spec's ``output_tokens``)
+    tokens, with no early stop at EOS."""
+    extra = spec.extra_fields
+    min_tokens = extra.get("min_tokens")
+    wanted = spec.output_tokens if max_tokens is None else max_tokens
+    return bool(extra.get("ignore_eos")) or (isinstance(min_tokens, int) and min_tokens >= wanted)
+
+
 def _request_payload(spec: LoadSpec, prompt) -> tuple[dict, int | None]:
     """The completion request's JSON for ``prompt`` (ids, text or a ``Prompt``), and its prompt length in ids."""
     if isinstance(prompt, Prompt):
@@ -461,11 +506,18 @@ def _request_payload(spec: LoadSpec, prompt) -> tuple[dict, int | None]:
 
 
 async def stream_one(target: _Target, spec: LoadSpec, prompt, index: int) -> dict:
-    """Send one streaming completion; record send time, every chunk's arrival and token count, usage, errors."""
+    """Send one streaming completion; record send time, every chunk's arrival and token count, usage, errors.
+
+    The request succeeds (``error`` None) only when its stream completed: a 200 event stream that ends with
+    ``[DONE]``, gave a finish reason and at least one token, and — for a fixed-length request — as many tokens as
+    it asked for. Otherwise ``error`` says what went wrong and ``error_kind`` which of :data:`ERROR_KINDS` it was;
+    what did arrive is kept.
+    """
     payload, prompt_ids = _request_payload(spec, prompt)
     rec: dict = {"index": index, "requested_prompt_tokens": prompt_ids,
                  "requested_output_tokens": payload["max_tokens"], "send": now(), "chunks": [],
-                 "prompt_tokens": None, "completion_tokens": None, "error": None, "text": ""}
+                 "prompt_tokens": None, "completion_tokens": None, "error": None, "error_kind": None, "text": "",
+                 "done": False}
     response = _StreamedResponse(target.request(json.dumps(payload).encode()), asyncio.get_running_loop(),
                                  target.read_buffer)
 
@@ -476,61 +528,99 @@ async def stream_one(target: _Target, spec: LoadSpec, prompt, index: int) -> dic
 
     try:
         await asyncio.wait_for(exchange(), spec.request_timeout_s)
-        rec["error"] = response.error
+        if response.error:
+            _fail(rec, response.error_kind or "truncated", response.error)
     except asyncio.TimeoutError:
-        rec["error"] = f"TimeoutError: no complete response within request_timeout_s = {spec.request_timeout_s:g} s"
+        _fail(rec, "timeout", f"TimeoutError: no complete response within request_timeout_s = "
+                              f"{spec.request_timeout_s:g} s")
     except OSError as exc:
-        rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        _fail(rec, "connect" if response.transport is None else "truncated", f"{type(exc).__name__}: {exc}")
     finally:
         if response.transport is not None:
             response.transport.close()
     rec["end"] = response.end if response.end is not None else now()
+    body = b"".join(response.body)
     if response.status is not None and response.status != 200:
-        body = b"".join(response.body).decode("utf-8", "replace")
-        rec["error"] = f"HTTP {response.status}: {body[:500]}"
-    else:
-        _read_events(rec, response, spec.chunk_tokens)
+        rec["error"] = None  # the status says more than how the body ended
+        _fail(rec, "http_status", f"HTTP {response.status}: {body.decode('utf-8', 'replace')[:500]}")
+        return rec
+    if response.status == 200 and response.content_type and "event-stream" not in response.content_type.lower():
+        _fail(rec, "not_sse", f"HTTP 200 with Content-Type {response.content_type!r}, not an event stream: "
+                              f"{body[:200].decode('utf-8', 'replace')}")
+        return rec
+    counted = _read_events(rec, response, spec.chunk_tokens)
     if rec["completion_tokens"] is None and rec["chunks"]:
         rec["completion_tokens"] = sum(n for _, n in rec["chunks"])
-    if not rec["error"] and not rec["chunks"]:
-        rec["error"] = "stream ended without any token"
+    if response.status is None:
+        return rec  # nothing arrived: the error says why
+    if not rec["done"]:
+        if not rec["chunks"] and body.strip() and b"data:" not in body:
+            _fail(rec, "not_sse", f"HTTP 200 without any event: {body[:200].decode('utf-8', 'replace')}")
+        _fail(rec, "truncated", "event stream ended without [DONE]")
+    if not rec["chunks"]:
+        _fail(rec, "no_tokens", "stream ended without any token")
+    if not rec.get("finish_reason"):
+        _fail(rec, "no_finish_reason", "stream ended without a finish reason")
+    wanted = rec["requested_output_tokens"]
+    if fixed_length(spec, wanted) and (counted or rec["completion_tokens"] is not None):
+        got = rec["completion_tokens"] if rec["completion_tokens"] is not None else 0
+        if got < wanted:
+            _fail(rec, "short_output", f"fixed-length request for {wanted} tokens got {got} "
+                                       f"(finish reason {rec.get('finish_reason')!r})")
     return rec
 
 
-def _read_events(rec: dict, response: _StreamedResponse, chunk_tokens: Callable[[dict], int | None]) -> None:
-    """Fill ``rec`` from the events of a finished 200 response: token chunks at their arrival times, text, usage."""
+def _read_events(rec: dict, response: _StreamedResponse, chunk_tokens: Callable[[dict], int | None]) -> bool:
+    """Fill ``rec`` from the events of a 200 response: token chunks at their arrival times, text, usage, whether
+    ``[DONE]`` came (``rec["done"]``); flag malformed events and error events. Returns whether the token count is
+    known (a usage event, or ``chunk_tokens`` counted the chunks) rather than one guessed token per chunk."""
     stamps, payloads = response.events()
+    rec["done"] = bool(payloads) and payloads[-1] == b"[DONE]"
     kept = [(t, p) for t, p in zip(stamps, payloads) if p != b"[DONE]"]
     if not kept:
-        return
+        return False
     try:
         chunks = json.loads(b"[" + b",".join(p for _, p in kept) + b"]")  # one parse for the whole stream
-    except json.JSONDecodeError as exc:
-        rec["error"] = rec["error"] or f"JSONDecodeError in the event stream: {exc}"[:500]
-        return
-    if len(chunks) != len(kept) or not all(isinstance(c, dict) for c in chunks):
-        rec["error"] = rec["error"] or "event stream has a data line that is not one JSON object"
-        return
+    except json.JSONDecodeError:
+        chunks = None
+    if chunks is None or len(chunks) != len(kept) or not all(isinstance(c, dict) for c in chunks):
+        bad = next((p for _, p in kept if not _is_json_object(p)), b"")
+        _fail(rec, "malformed_sse", f"event stream has a data line that is not one JSON object: "
+                                    f"{bad[:200].decode('utf-8', 'replace')!r}")
+        return False
     text_parts = []
+    counted = False
     for (t, _), chunk in zip(kept, chunks):
         if "error" in chunk:
-            rec["error"] = str(chunk["error"])[:500]
+            rec["error"] = str(chunk["error"])[:500]  # the server's own word beats how the stream ended
+            rec["error_kind"] = "server_error"
             continue
         usage = chunk.get("usage")
         if usage:
             rec["prompt_tokens"] = usage.get("prompt_tokens")
             rec["completion_tokens"] = usage.get("completion_tokens")
+            counted = counted or rec["completion_tokens"] is not None
         for choice in chunk.get("choices") or []:
             piece = choice.get("text") or ""
             n = chunk_tokens(chunk)
             if n is None:
                 n = 1 if piece else 0
+            else:
+                counted = True
             if n:
                 rec["chunks"].append((t, n))
                 text_parts.append(piece)
             if choice.get("finish_reason"):
                 rec["finish_reason"] = choice["finish_reason"]
     rec["text"] = "".join(text_parts)
+    return counted
+
+
+def _is_json_object(payload: bytes) -> bool:
+    try:
+        return isinstance(json.loads(payload), dict)
+    except ValueError:
+        return False
 
 
 async def run_load(spec: LoadSpec, on_window_start: Callable[[], Awaitable[None]] | None = None,

@@ -218,7 +218,7 @@ def test_chunked_framing_split_anywhere():
 def test_body_ending_at_connection_close():
     text = "\ndata: 1"  # JSON escapes the newline, so this is no event line
     rec, _ = _run_scripted([(0, _SSE_HEAD + b"\r\n" + _event(text)), (STEP_S, _event(" b", "stop")),
-                            (0, _CLOSE)])
+                            (0, b"data: [DONE]\n\n"), (0, _CLOSE)])
     assert rec["error"] is None and rec["text"] == text + " b" and rec["finish_reason"] == "stop"
     assert rec["completion_tokens"] == 2  # no usage event: one token per chunk with text
     assert _stamps(rec)[1] - _stamps(rec)[0] > 0.5 * STEP_S

@@ -1,4 +1,5 @@
-"""The sandbox contains what model-written code can do wrong, and reports it: run for real, as in the pipeline."""
+"""The bubblewrap sandbox contains what model-written code can do wrong, and reports it: run for real, as in the
+pipeline (these tests need bwrap; setup.sh installs it)."""
 import os
 import socket
 import textwrap
@@ -6,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.sandbox_attacks import ATTACKS
+from servesweep.correctness import sandbox
 from servesweep.correctness.sandbox import Limits, run_program, run_tests, sandbox_processes, sandbox_uid
 
 QUICK = Limits(timeout_s=2, cpu_s=5)
@@ -96,13 +99,10 @@ def test_writes_outside_the_temp_dir_are_refused(tmp_path):
             fh.write("fine")
         print(open("inside.txt").read())
         print(outcomes)
-        open({str(targets[1])!r}, "w")
+        open("/escaped.txt", "w")
     """)
     raw = run_program(program, QUICK)
-    if not raw.isolation["filesystem"].startswith("read-only"):
-        # without a mount namespace only the uid switch protects: root-owned places, not world-writable ones
-        assert "Permission denied" in raw.stdout.splitlines()[1].split(",")[-1]
-        pytest.skip(f"world-writable directories stay writable here: {raw.isolation['filesystem']}")
+    assert raw.isolation["filesystem"].startswith("read-only")
     assert raw.stdout.startswith("fine") and "written" not in raw.stdout
     result = run_tests(program + CHECK, "double", QUICK)
     assert result["outcome"] == "error" and "Read-only file system" in result["detail"]
@@ -117,9 +117,9 @@ def test_outbound_socket_cannot_reach_a_listener_on_this_host():
         port = listener.getsockname()[1]
         program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')\n"
         result = run_tests(program + CHECK, "double", QUICK)
-        if not result["isolation"]["network"].startswith("isolated"):
-            pytest.skip(f"this kernel refused a network namespace: {result['isolation']['network']}")
-        assert result["outcome"] == "error" and "Network is unreachable" in result["detail"]
+        assert result["isolation"]["network"].startswith("isolated")
+        # the sandbox has a loopback of its own, where nothing listens
+        assert result["outcome"] == "error" and "Connection refused" in result["detail"]
         with pytest.raises(socket.timeout):
             listener.accept()
 
@@ -127,9 +127,39 @@ def test_outbound_socket_cannot_reach_a_listener_on_this_host():
 def test_outbound_socket_to_the_internet_is_refused():
     program = "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\n"
     result = run_tests(program + CHECK, "double", QUICK)
-    if not result["isolation"]["network"].startswith("isolated"):
-        pytest.skip(f"this kernel refused a network namespace: {result['isolation']['network']}")
+    assert result["isolation"]["network"].startswith("isolated")
     assert result["outcome"] == "error" and "Network is unreachable" in result["detail"]
+
+
+@pytest.mark.parametrize("attack", [a for a in ATTACKS if a.name in (
+    "read another process's env", "read host files", "kill the parent", "leave a background process")],
+    ids=lambda a: a.name)
+def test_attack_is_contained(attack):
+    """The attacks of benchmarks/sandbox_attacks.py that the tests above do not already cover."""
+    contained, what = attack.run()
+    assert contained, what
+
+
+def test_proc_shows_only_the_sandbox():
+    result = run_program("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n", QUICK)
+    assert result.stdout.strip() == "[1, 2]"
+    assert result.isolation["pid_namespace"] and result.isolation["sandbox"].startswith("bubblewrap")
+
+
+def test_without_bwrap_it_refuses_unless_allowed(monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
+    monkeypatch.delenv(sandbox.ALLOW_UNSANDBOXED_ENV, raising=False)
+    with pytest.raises(sandbox.SandboxUnavailable) as info:
+        run_tests("def double(x):\n    return 2 * x\n" + CHECK, "double", QUICK)
+    assert "not installed" in str(info.value) and sandbox.ALLOW_UNSANDBOXED_ENV in str(info.value)
+    allowed = run_tests("def double(x):\n    return 2 * x\n" + CHECK, "double",
+                        Limits(timeout_s=5, cpu_s=5, allow_unsandboxed=True))
+    assert allowed["outcome"] == "passed"
+    assert allowed["isolation"]["sandbox"] == "unsandboxed"
+    assert allowed["isolation"]["network"].startswith("not isolated")
+    monkeypatch.setenv(sandbox.ALLOW_UNSANDBOXED_ENV, "1")
+    assert run_tests("def double(x):\n    return 2 * x\n" + CHECK, "double", QUICK)["isolation"]["sandbox"] == \
+        "unsandboxed"
 
 
 def test_environment_is_scrubbed_and_cwd_is_a_fresh_temp_dir(monkeypatch):

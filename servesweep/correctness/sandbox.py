@@ -1,27 +1,32 @@
-"""Run model-written code in a confined process and classify the result.
+"""Run model-written code in a bubblewrap sandbox and classify the result.
 
-Each run gets its own temporary directory as working directory, a scrubbed environment, limits on CPU time,
-address space, file size, open files and processes, a wall-clock timeout that kills the whole process group, and —
-where the OS allows — no network and a read-only view of everything but that directory.
+Each run gets its own temporary directory as its only writable place, a scrubbed environment, and runs under
+``bwrap`` (bubblewrap, a kept tool that Flatpak relies on) with:
 
-How each confinement is achieved (``confine.py`` does the privileged part before it execs the program):
+- ``--unshare-all``: fresh network (a loopback of its own and nothing else: no connection can leave, not even to
+  a listener on this host's loopback), PID, IPC, UTS, cgroup and user namespaces;
+- a root of its own: read-only binds of ``/usr`` and of the Python runtime, a fresh ``/proc`` that shows only the
+  sandbox's processes (no other process's environment or command line), a minimal ``/dev``, the work dir as the
+  one writable bind, then ``/`` and ``/dev`` remounted read-only;
+- ``--die-with-parent`` and ``--new-session``: killing the launcher kills the sandbox (the PID namespace's first
+  process takes every process the program left behind with it), and the program cannot push input into our
+  terminal (TIOCSTI);
+- resource limits set in the sandboxed child before the program starts (CPU time, address space, file size, open
+  files, processes), plus a wall-clock timeout that kills the launcher's process group.
 
-- **network**: a fresh, empty network namespace (``unshare(CLONE_NEWNET)``): not even loopback is up, so no
-  connection can leave. When the kernel refuses it (unprivileged, or a seccomp profile), the run says so in
-  :attr:`SandboxResult.isolation` and the report repeats it.
-- **writes outside the temp dir**: when run as root (as here and in CI), a private mount namespace in which every
-  mount is re-mounted read-only except a bind of the work dir onto itself, *and* a switch to an unprivileged uid
-  (:func:`sandbox_uid`) so that the program cannot undo the mounts. Only the uid switch would leave world-writable
-  places (``/tmp``, ``/dev/shm``) open; only the mounts would leave root free to remount. As a non-root user the
-  program keeps that user's permissions, and the isolation facts say so.
-- **fork bombs**: ``RLIMIT_NPROC`` under a uid nothing else uses (root is exempt from it, hence the switch), plus a
-  PID namespace whose first process is the program: when it ends or is killed, the kernel kills every process it
-  left behind.
-- **runaway CPU and memory**: ``RLIMIT_CPU`` and ``RLIMIT_AS``; the wall-clock timeout catches sleeping and
-  blocked programs too.
+When this process is root, bwrap itself runs as an unprivileged uid of its own (:func:`sandbox_uid`), so the
+program holds no privilege outside its namespaces and ``RLIMIT_NPROC`` binds (root is exempt from it). The Python
+runtime must be reachable by that uid; one under ``/root`` (pyenv) is not, and the system ``/usr/bin/python3``
+runs the program instead (standard library only, ``-I``); the isolation facts name the interpreter.
+
+No bwrap, or a bwrap that cannot create its namespaces here: :class:`SandboxUnavailable` is raised with the
+reason — never a silent fallback. With ``Limits(allow_unsandboxed=True)`` or ``SERVESWEEP_ALLOW_UNSANDBOXED=1``
+the program runs with the limits, the scrubbed environment and the temp dir only, and every result says
+``"sandbox": "unsandboxed"`` and which isolation is missing.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -38,16 +43,35 @@ from pathlib import Path
 # sandbox's processes and the clean-up after a run never touches another job's sandbox.
 SANDBOX_UID_BASE = 61000
 SANDBOX_UID_SPAN = 4000
-CONFINE_SCRIPT = Path(__file__).resolve().parent / "confine.py"
+ALLOW_UNSANDBOXED_ENV = "SERVESWEEP_ALLOW_UNSANDBOXED"
+SYSTEM_PYTHON = "/usr/bin/python3"
 # Exit codes of the test harness, told apart from the program's own crashes.
 EXIT_TESTS_FAILED = 3
 EXIT_SETUP_ERROR = 4
 OUTPUT_TAIL_CHARS = 2000
 
+# Runs inside the sandbox, as the program's own process, before the program: the limits, then exec.
+# RLIMIT_CPU: the soft limit sends SIGXCPU (the program is not the PID namespace's init, so it dies of it); the
+# hard limit one second later is a SIGKILL for a program that catches SIGXCPU.
+_PRELUDE = """import os, resource, sys
+limits = {limits}
+resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
+resource.setrlimit(resource.RLIMIT_AS, (limits["address_space_bytes"],) * 2)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_bytes"],) * 2)
+resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"],) * 2)
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """bwrap is missing or cannot create its namespaces here, and running unsandboxed was not allowed."""
+
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits for one sandboxed run."""
+    """Resource limits for one sandboxed run, and whether to run unconfined (labelled) when bwrap is unusable."""
 
     timeout_s: float = 10.0
     cpu_s: int = 10
@@ -55,6 +79,7 @@ class Limits:
     file_size_bytes: int = 16 << 20
     open_files: int = 64
     processes: int = 16
+    allow_unsandboxed: bool = False
 
 
 @dataclass
@@ -89,20 +114,88 @@ def _reachable_by_others(path: Path) -> bool:
     return all(p.stat().st_mode & stat.S_IXOTH for p in path.parents)
 
 
-def _interpreter(root: Path) -> tuple[list[str], list[str] | None]:
-    """argv prefix for the Python that runs the program, and the bind mount that makes it reachable, if needed.
+def _run_as() -> int | None:
+    """The uid bwrap runs as: the sandbox uid when we are root, else ourselves (None)."""
+    return sandbox_uid() if os.geteuid() == 0 else None
 
-    The base interpreter runs in isolated mode (``-I``): no site-packages, no PYTHON* variables. When its
-    installation sits under a directory the sandbox uid cannot enter (pyenv under ``/root``), the installation is
-    bind-mounted read-only inside the sandbox's mount namespace.
+
+def _interpreter() -> tuple[str, list[str]]:
+    """The Python that runs the program inside the sandbox, and the read-only binds that make it work.
+
+    This process's own interpreter when the uid that runs bwrap can reach it, else the system ``/usr/bin/python3``
+    (bound with ``/usr``). Raises :class:`SandboxUnavailable` when neither is usable.
     """
     exe = Path(sys.executable).resolve()
     prefix = Path(sys.base_prefix).resolve()
-    if os.geteuid() != 0 or _reachable_by_others(exe):
-        return [str(exe), "-I", "-B"], None
-    target = root / "python"
-    target.mkdir()
-    return [str(target / exe.relative_to(prefix)), "-I", "-B"], [str(prefix), str(target)]
+    if _run_as() is None or _reachable_by_others(exe):
+        binds = [] if prefix == Path("/usr") or Path("/usr") in prefix.parents else [str(prefix)]
+        return str(exe), binds
+    system = Path(SYSTEM_PYTHON)
+    if system.exists() and _reachable_by_others(system) and Path("/usr") in system.resolve().parents:
+        return str(system.resolve()), []
+    raise SandboxUnavailable(f"the Python runtime {exe} is not reachable by the unprivileged sandbox uid and there "
+                             f"is no {SYSTEM_PYTHON} — fix: install python3 from the system packages")
+
+
+def _root_binds() -> list[str]:
+    """bwrap arguments for the read-only system part of the sandbox's root: /usr and the merged-/usr links."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        top = Path("/") / name
+        if top.is_symlink():
+            args += ["--symlink", os.readlink(top), str(top)]
+        elif top.is_dir():
+            args += ["--ro-bind", str(top), str(top)]
+    return args
+
+
+def bwrap_argv(workdir: Path, argv: list[str], limits: Limits, runtime_binds: list[str] = ()) -> list[str]:
+    """The full bwrap command line that runs ``argv`` (an absolute program path first) confined in ``workdir``."""
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", *_root_binds()]
+    for path in runtime_binds:
+        args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--dir", "/tmp", "--bind", str(workdir), str(workdir),
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(workdir), "--clearenv"]
+    for key, value in scrubbed_env(workdir).items():
+        args += ["--setenv", key, value]
+    prelude = _PRELUDE.format(limits=repr({
+        "cpu_s": limits.cpu_s, "address_space_bytes": limits.address_space_bytes,
+        "file_size_bytes": limits.file_size_bytes, "open_files": limits.open_files,
+        "processes": limits.processes}))
+    return [*args, argv[0], "-I", "-B", "-c", prelude, *argv]
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why bwrap cannot sandbox a program here (None when it can): missing, or the error of a probe run."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return "bwrap (bubblewrap) is not installed — fix: apt-get install bubblewrap (setup.sh does)"
+    try:
+        python, binds = _interpreter()
+    except SandboxUnavailable as exc:
+        return str(exc)
+    probe_dir = Path(tempfile.mkdtemp(prefix="servesweep-sandbox-probe-")).resolve()
+    try:
+        probe_dir.chmod(0o755)
+        argv = bwrap_argv(probe_dir, [python, "-c", "pass"], Limits(), binds)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=scrubbed_env(probe_dir),
+                                  user=_run_as(), group=_run_as(), extra_groups=[] if _run_as() else None)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"bwrap probe failed: {exc}"
+        if done.returncode != 0:
+            return f"bwrap probe failed (exit {done.returncode}): {done.stderr.strip()[-500:]}"
+        return None
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
+
+
+def _bwrap_version() -> str:
+    try:
+        return subprocess.run(["bwrap", "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        return "bwrap"
 
 
 def _tail(path: Path) -> str:
@@ -137,59 +230,80 @@ def _wait_for_sandbox_uid_to_empty(deadline_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+def _allow_unsandboxed(limits: Limits) -> bool:
+    return limits.allow_unsandboxed or os.environ.get(ALLOW_UNSANDBOXED_ENV, "") not in ("", "0")
+
+
 def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
-    """Run Python ``source`` confined; return its exit status, output tails and the isolation in force."""
+    """Run Python ``source`` confined; return its exit status, output tails and the isolation in force.
+
+    Raises :class:`SandboxUnavailable` when bwrap cannot run here and ``limits`` does not allow running unsandboxed.
+    """
+    problem = bwrap_problem()
+    if problem and not _allow_unsandboxed(limits):
+        raise SandboxUnavailable(
+            f"cannot sandbox model-written code: {problem}. Refusing to run it unconfined — to run it anyway, "
+            f"labelled 'unsandboxed', set {ALLOW_UNSANDBOXED_ENV}=1 (or Limits(allow_unsandboxed=True))")
     root = Path(tempfile.mkdtemp(prefix="servesweep-sandbox-")).resolve()
     try:
         root.chmod(0o755)
         workdir = root / "work"
         workdir.mkdir()
-        if os.geteuid() == 0:
-            os.chown(workdir, sandbox_uid(), sandbox_uid())
+        run_as = _run_as()
         (workdir / "program.py").write_text(source)
-        prefix, python_mount = _interpreter(root)
-        settings = {
-            "workdir": str(workdir), "uid": sandbox_uid(), "python_mount": python_mount,
-            "argv": [*prefix, "program.py"], "env": scrubbed_env(workdir),
-            "limits": {"cpu_s": limits.cpu_s, "address_space_bytes": limits.address_space_bytes,
-                       "file_size_bytes": limits.file_size_bytes, "open_files": limits.open_files,
-                       "processes": limits.processes},
-        }
-        status_read, status_write = os.pipe()
+        if run_as is not None:
+            os.chown(workdir, run_as, run_as)
+            os.chown(workdir / "program.py", run_as, run_as)
+        if problem:
+            python = str(Path(sys.executable).resolve())
+            prelude = _PRELUDE.format(limits=repr({
+                "cpu_s": limits.cpu_s, "address_space_bytes": limits.address_space_bytes,
+                "file_size_bytes": limits.file_size_bytes, "open_files": limits.open_files,
+                "processes": limits.processes}))
+            argv = [python, "-I", "-B", "-c", prelude, python, "-I", "-B", "program.py"]
+            run_as = None  # no namespaces: a uid switch alone would still leave the network and /proc open
+            isolation = {"sandbox": "unsandboxed", "reason": problem,
+                         "network": "not isolated: unsandboxed run", "filesystem": "permissions only: unsandboxed run",
+                         "pid_namespace": False, "proc": "host /proc visible", "uid": os.getuid(),
+                         "process_limit_binding": os.getuid() != 0}
+        else:
+            python, binds = _interpreter()
+            argv = bwrap_argv(workdir, [python, "-I", "-B", "program.py"], limits, binds)
+            isolation = {"sandbox": _bwrap_version(), "interpreter": python,
+                         "network": "isolated (network namespace with only its own loopback)",
+                         "filesystem": "read-only except the work dir (bwrap)",
+                         "pid_namespace": True, "proc": "fresh /proc: sandbox processes only",
+                         "uid": run_as if run_as is not None else os.getuid(),
+                         "process_limit_binding": (run_as if run_as is not None else os.getuid()) != 0}
         out_path, err_path = root / "stdout", root / "stderr"
         timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             t0 = time.monotonic()
-            proc = subprocess.Popen([sys.executable, "-I", str(CONFINE_SCRIPT), json.dumps(settings),
-                                     str(status_write)], cwd=workdir, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=err, env=scrubbed_env(workdir), pass_fds=(status_write,),
-                                    start_new_session=True)
-            os.close(status_write)
+            proc = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    env=scrubbed_env(workdir), start_new_session=True, user=run_as,
+                                    group=run_as, extra_groups=[] if run_as is not None else None)
             try:
                 proc.wait(timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
-                # also after a normal exit: a child that left the PID namespace's reach still dies with the group
+                # also after a normal exit: whatever is left of the launcher's group dies with it
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 proc.wait()
-            if os.geteuid() == 0:
+            if run_as is not None:
                 _wait_for_sandbox_uid_to_empty()
             duration = time.monotonic() - t0
-        with os.fdopen(status_read) as fh:
-            lines = [json.loads(line) for line in fh if line.strip()]
-        isolation = next((l["isolation"] for l in lines if "isolation" in l), {})
-        end = next((l for l in lines if "exit" in l or "signal" in l), None)
-        if end is None and not timed_out:
-            # the launcher itself failed before the program ran: report it, not a program outcome
-            raise RuntimeError(f"sandbox launcher failed (exit {proc.returncode}): {_tail(err_path)}")
-        return SandboxResult(
-            returncode=end.get("exit") if end else None, signal=end.get("signal") if end else None,
-            timed_out=timed_out, duration_s=duration, stdout=_tail(out_path), stderr=_tail(err_path),
-            isolation=isolation)
+        code = proc.returncode
+        # bwrap exits with the program's status, 128 + N when signal N killed it; a launcher killed by us: < 0
+        sig = -code if code < 0 else (code - 128 if not problem and code > 128 else None)
+        returncode = None if sig is not None else code
+        if not problem and code == 1 and _tail(err_path).startswith("bwrap:"):
+            raise RuntimeError(f"sandbox launcher failed (exit {code}): {_tail(err_path)}")
+        return SandboxResult(returncode=returncode, signal=sig, timed_out=timed_out, duration_s=duration,
+                             stdout=_tail(out_path), stderr=_tail(err_path), isolation=isolation)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

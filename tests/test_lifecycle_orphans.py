@@ -1,0 +1,179 @@
+"""No orphaned server under any death of its job: SIGKILL included; leftovers reaped, foreign occupants refused."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from servesweep.lifecycle import (ServerConflict, ServerProcess, free_port, group_members, port_in_use, preflight,
+                                  start_ticks)
+
+FAKE = Path(__file__).parent / "data" / "fake_server.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def group_gone(pgid, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not group_members(pgid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def port_free(port, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while port_in_use(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not port_in_use(port)
+
+
+def start_job(tmp_path, launch: str, records: Path, orphan_guard=True, ready_timeout=60):
+    """A bench-like job process: builds the launch spec with ``launch`` (code that sets ``spec``), starts the server
+    with a launch record, waits until it answers, reports (pid, port) and then keeps measuring until killed."""
+    info = tmp_path / "job.json"
+    code = textwrap.dedent(f"""
+        import json, sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from servesweep.lifecycle import ServerProcess, port_in_use, free_port
+        from servesweep.engines.base import LaunchSpec
+    """) + textwrap.dedent(launch) + textwrap.dedent(f"""
+        server = ServerProcess(spec, {str(tmp_path / 'server.log')!r}, stop_grace_s=1.0, records_dir={str(records)!r},
+                               name="cfg", gpus=[], config={{"engine": "test"}}, orphan_guard={orphan_guard!r})
+        with server:
+            deadline = time.monotonic() + {ready_timeout}
+            while not port_in_use(spec.port) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            open({str(info)!r}, "w").write(json.dumps({{"pid": server.proc.pid, "port": spec.port}}))
+            time.sleep(600)
+    """)
+    job = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + ready_timeout + 10
+    while not info.exists() and time.monotonic() < deadline:
+        assert job.poll() is None, "the job died before its server was up"
+        time.sleep(0.1)
+    assert info.exists(), "the job never got its server up"
+    facts = json.loads(info.read_text())
+    return job, facts["pid"], facts["port"]
+
+
+FAKE_LAUNCH = f"""
+port = free_port()
+spec = LaunchSpec([sys.executable, {str(FAKE)!r}, str(port), "ignore-term"], port=port)
+"""
+
+
+def test_sigkilled_job_takes_its_server_and_helpers_along(tmp_path):
+    """The fake server forks a helper that ignores SIGTERM and outlives its leader: only the watchdog stops it."""
+    records = tmp_path / "servers"
+    job, pgid, port = start_job(tmp_path, FAKE_LAUNCH, records)
+    assert len(group_members(pgid)) == 2 and (records / "cfg.json").exists()
+    record = json.loads((records / "cfg.json").read_text())
+    assert record["pid"] == pgid and record["port"] == port and record["job_pid"] == job.pid
+    assert record["pid_start_ticks"] == start_ticks(pgid) and record["watchdog_pid"]
+    t0 = time.monotonic()
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    assert group_gone(pgid, 5.0), f"server group still alive: {group_members(pgid)}"
+    assert port_free(port)
+    print(f"server group gone {time.monotonic() - t0:.2f} s after the SIGKILL")
+    assert "watchdog: job" in (tmp_path / "server.log").read_text()
+    # the next job learns what happened and finds the port free
+    messages = preflight(records, port, [])
+    assert len(messages) == 1 and "already gone" in messages[0] and "config 'cfg'" in messages[0]
+    assert not (records / "cfg.json").exists()
+
+
+def test_preflight_reaps_a_leftover_of_ours(tmp_path):
+    records = tmp_path / "servers"
+    job, pgid, port = start_job(tmp_path, FAKE_LAUNCH, records, orphan_guard=False)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    time.sleep(0.5)
+    assert group_members(pgid), "without the guards the server is orphaned (the case preflight must catch)"
+    messages = preflight(records, port, [], grace_s=0.5)
+    assert len(messages) == 1 and messages[0].startswith("reaped the leftover server of config 'cfg'")
+    assert "killed 2 process(es)" in messages[0]
+    assert not group_members(pgid) and not port_in_use(port)
+    assert not (records / "cfg.json").exists()
+    assert preflight(records, port, []) == []
+
+
+def test_foreign_listener_on_the_port_is_refused(tmp_path):
+    with socket.socket() as foreign:
+        foreign.bind(("127.0.0.1", 0))
+        foreign.listen()
+        port = foreign.getsockname()[1]
+        with pytest.raises(ServerConflict) as info:
+            preflight(tmp_path / "servers", port, [0])
+    message = str(info.value)
+    assert f"port {port}" in message and "did not start" in message and f"pid {os.getpid()}" in message
+
+
+def test_running_jobs_server_is_left_alone_but_its_port_and_gpus_are_refused(tmp_path):
+    records = tmp_path / "servers"
+    records.mkdir()
+    me = {"name": "other", "hostname": socket.gethostname(), "pid": os.getpid(), "pgid": os.getpgid(0),
+          "pid_start_ticks": start_ticks(os.getpid()), "port": 1, "gpus": [2, 3], "started_at": time.time(),
+          "job_pid": os.getpid(), "job_start_ticks": start_ticks(os.getpid())}
+    (records / "other.json").write_text(json.dumps(me))
+    assert preflight(records, free_port(), [0, 1]) == []
+    with pytest.raises(ServerConflict, match="GPUs \\[3\\] are in use by the running server of config 'other'"):
+        preflight(records, free_port(), [3])
+    with pytest.raises(ServerConflict, match="port 1 is held by the running server"):
+        preflight(records, 1, [])
+    assert (records / "other.json").exists()
+
+
+def test_clean_stop_removes_the_record_and_the_watchdog(tmp_path):
+    port = free_port()
+    from servesweep.engines.base import LaunchSpec
+
+    server = ServerProcess(LaunchSpec([sys.executable, str(FAKE), str(port)], port=port), tmp_path / "s.log",
+                           stop_grace_s=1.0, records_dir=tmp_path / "servers", name="ar", gpus=[0])
+    with server:
+        assert (tmp_path / "servers" / "ar.json").exists()
+        watchdog = server.watchdog.pid
+    assert not (tmp_path / "servers" / "ar.json").exists()
+    assert server.watchdog.returncode == 0 and start_ticks(watchdog) is None
+
+
+def _llama_server_ready() -> bool:
+    from servesweep.llamacpp_build import binary_path
+
+    return binary_path().exists()
+
+
+@pytest.mark.skipif(not _llama_server_ready(), reason="llama-server not built yet: python3 -m servesweep.llamacpp_build")
+def test_sigkilled_bench_job_leaves_no_llama_server(tmp_path):
+    """The real embedded default: a job that launches llama-server with Gemma-3-270M is SIGKILLed mid-run."""
+    records = tmp_path / "servers"
+    launch = f"""
+        import io, yaml
+        from servesweep.config import ServerConfig, check_config
+        from servesweep.engines import get_engine
+        from servesweep.models import materialise
+        config = check_config(yaml.safe_load(open({str(ROOT / 'config' / 'config.yaml')!r})))
+        config["server_configs"]["ar"]["options"].update(parallel=1, ctx_size=512)
+        manifest = materialise("gemma-3-270m", config["models"]["gemma-3-270m"], {str(tmp_path / 'model')!r})
+        engine = get_engine("llamacpp")
+        facts = engine.prepare(config["engines"]["llamacpp"], log=io.StringIO())
+        sc = ServerConfig.from_config("ar", config)
+        from pathlib import Path
+        spec = engine.launch(sc, Path(manifest["path"]), free_port(), facts)
+    """
+    job, pid, port = start_job(tmp_path, launch, records, ready_timeout=120)
+    assert Path(f"/proc/{pid}/exe").resolve().name == "llama-server"
+    t0 = time.monotonic()
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    assert group_gone(pid, 5.0), f"llama-server still alive: {group_members(pid)}"
+    assert port_free(port, 5.0)
+    print(f"llama-server gone and port {port} free {time.monotonic() - t0:.2f} s after the SIGKILL")
+    assert "already gone" in preflight(records, port, [])[0]
