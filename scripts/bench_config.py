@@ -18,7 +18,7 @@ config = {
     "correctness": run["correctness"],
 }
 out = snakemake.output
-paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log), Path(out.telemetry),
-                 attempt_dir=JobPaths.for_config(Path("results"), cfg).attempt_dir)
+paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
+                 Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg).attempt_dir)
 run_config(cfg, config, json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)), paths,
            log=sys.stderr, correctness_outputs=CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)))

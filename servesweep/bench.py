@@ -26,7 +26,8 @@ from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, run_correctness
 from servesweep.engines import get_engine
-from servesweep.lifecycle import ServerProcess, free_port, wait_until_ready
+from servesweep.lifecycle import (ServerProcess, ServerStartError, free_port, preflight, tail_lines,
+                                  wait_until_ready)
 from servesweep.loadgen import (LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan, corpus_text,
                                 run_load)
 from servesweep.telemetry import Telemetry, energy_per_token
@@ -54,13 +55,15 @@ class JobPaths:
     server_log: Path
     telemetry_csv: Path
     attempt_dir: Path
+    servers_dir: Path = Path("results/.servers")  # launch records of running servers (lifecycle.preflight)
 
     @classmethod
     def for_config(cls, results: Path, cfg: str, stamp: str | None = None) -> "JobPaths":
         run = Path(results) / "runs" / cfg
         stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
         return cls(run / "cells.csv", run / "repeats.csv", run / "requests.jsonl", run / "meta.json",
-                   run / "server.log", run / "telemetry.csv", Path(results) / "attempts" / cfg / stamp)
+                   run / "server.log", run / "telemetry.csv", Path(results) / "attempts" / cfg / stamp,
+                   Path(results) / ".servers")
 
 
 def config_gpus(sc: ServerConfig, world_size: int) -> list[int]:
@@ -77,6 +80,9 @@ def combine_cell(repeats: list[dict]) -> dict:
     window-capped if any repeat was."""
     out = stats_mod.combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in repeats], CI_COLUMNS,
                                     COUNT_COLUMNS)
+    for key in ("config", "engine", *CELL_KEYS, "requested_prompt_tokens"):
+        if key in repeats[0]:
+            out[key] = repeats[0][key]  # identical in every repeat: keys, not measurements
     out["cell_start"], out["cell_end"] = repeats[0]["cell_start"], repeats[-1]["cell_end"]
     return out
 
@@ -226,6 +232,13 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                                 window=plan, prompt_source=source)
                 records, row = await measure_cell(server, engine, sc, session, spec, telemetry,
                                                   f"{workload}_ctx{ctx}_c{conc}_r{rep}")
+                if not server.alive():
+                    # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
+                    writer.add_requests([{**r, "config": sc.name, "workload": workload, "ctx": ctx,
+                                          "concurrency": conc, "repeat": rep} for r in records])
+                    raise ServerStartError(f"the server exited during {workload} ctx={ctx} C={conc} repeat {rep} "
+                                           f"(exit code {server.proc.poll()}); last log lines:\n"
+                                           + tail_lines(server.log_path, 20))
                 keys = {"workload": workload, "ctx": ctx, "concurrency": conc, "repeat": rep}
                 row["requested_prompt_tokens"] = ctx if workload == "synthetic" else math.nan
                 for r in records:
@@ -250,10 +263,16 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     matrix = Matrix.from_config(config["matrix"], sc.workloads)
     world = engine.world_size(sc.options)
     port = free_port()
+    gpus = config_gpus(sc, world)
+    # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
+    # before anything is measured beside it.
+    reaped = preflight(paths.servers_dir, port, gpus)
     spec = engine.launch(sc, Path(manifest["path"]), port, engine_facts)
     writer = CellWriter(paths.attempt_dir)
-    server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s)
-    telemetry = Telemetry(config_gpus(sc, world), samples_path=paths.attempt_dir / "telemetry.csv")
+    server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,
+                           records_dir=paths.servers_dir, name=cfg_name, gpus=gpus,
+                           config=config["server_configs"][cfg_name])
+    telemetry = Telemetry(gpus, samples_path=paths.attempt_dir / "telemetry.csv")
     meta: dict = {
         "config": cfg_name, "engine": sc.engine, "engine_version": engine_facts.get("version"),
         "engine_facts": engine_facts, "argv": spec.argv, "env": spec.env, "port": port,
@@ -266,6 +285,7 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
                                                                           sc.model, config),
         "matrix": config["matrix"], "status": "running",
     }
+    meta["warnings"] += reaped
     error = None
     memory_baseline = telemetry.memory_used_bytes()
     telemetry.start()

@@ -187,11 +187,20 @@ def window_stats(records: list[dict], t_start: float, t_end: float) -> dict:
         "prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in ok),
         "agg_output_tok_s": out_tokens / length,
         "request_s": sum(1 for r in ok_all if t_start <= r["end"] < t_end) / length,
+        "error_kinds": ";".join(f"{k}:{n}" for k, n in sorted(_count(r.get("error_kind") or "other"
+                                                                     for r in inside if r.get("error")).items())),
         "warmup_requests": sum(1 for r in records if r["send"] < t_start),
         "drain_requests": sum(1 for r in records if r["send"] >= t_end),
     }
     stats.update(_latency_columns(ok))
     return stats
+
+
+def _count(items: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
 
 
 def combine_repeats(rows: list[dict], keys: Iterable[str], count_columns: Iterable[str] = ()) -> dict:
