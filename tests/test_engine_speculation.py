@@ -88,3 +88,86 @@ def test_sglang_h200_example_gate():
     statuses = speculation_status(cells, metas)
     assert statuses["ngram"].requested == "NGRAM" and statuses["ngram"].ran is True
     assert statuses["ar"].requested is None
+
+
+# --- llama.cpp -------------------------------------------------------------------------------------------------------
+LLAMA_DATA = Path(__file__).parent / "data" / "llamacpp-0.3.36"
+LLAMA_EXAMPLE = ROOT / "examples" / "h200-llamacpp" / "runs"
+
+
+def _llama(name):
+    return (LLAMA_DATA / name).read_text()
+
+
+def test_llamacpp_real_draft_acceptance_lines():
+    llama = get_engine("llamacpp")
+    events = [e for e in llama.parse_log(_llama("ngram-server.log")) if e.kind == "draft_acceptance"]
+    assert [e.fields for e in events] == [
+        {"rate": 0.92857, "accepted": 52, "generated": 56, "mean_len": 8.43, "slot": 3, "task": 1},
+        {"rate": 0.98148, "accepted": 53, "generated": 54, "mean_len": 8.57, "slot": 2, "task": 15}]
+    assert not [e for e in llama.parse_log(_llama("ar-server.log")) if e.kind == "draft_acceptance"]
+    assert not [e for e in llama.parse_log(_llama("ngram-server.log")) if e.kind == "failure"]
+
+
+def test_llamacpp_real_metrics_with_speculation():
+    llama = get_engine("llamacpp")
+    events = llama.parse_log(_llama("ngram-server.log"))
+    m = llama.cell_metrics(events, _llama("ngram-metrics-before.txt"), _llama("ngram-metrics-after.txt"), [])
+    assert (m["spec_drafted_tokens"], m["spec_accepted_tokens"], m["spec_verify_steps"]) == (110.0, 105.0, 14.0)
+    assert m["spec_source"] == "metrics" and m["draft_acceptance_lines"] == 2
+    assert m["accept_length"] == pytest.approx(1 + 105 / 14) and m["accept_rate"] == pytest.approx(105 / 110)
+    assert m["engine_decode_calls"] == 25.0
+    # the log's per-request lines add up to the counters
+    lines = [e.fields for e in events if e.kind == "draft_acceptance"]
+    assert sum(f["generated"] for f in lines) == 110 and sum(f["accepted"] for f in lines) == 105
+
+
+def test_llamacpp_real_metrics_without_speculation_report_zero():
+    llama = get_engine("llamacpp")
+    m = llama.cell_metrics(llama.parse_log(_llama("ar-server.log")), _llama("ar-metrics-before.txt"),
+                           _llama("ar-metrics-after.txt"), [])
+    assert (m["spec_drafted_tokens"], m["spec_accepted_tokens"], m["spec_verify_steps"]) == (0.0, 0.0, 0.0)
+    assert "accept_length" not in m and m["engine_decode_calls"] == 130.0
+
+
+def test_llamacpp_log_only_and_nothing():
+    llama = get_engine("llamacpp")
+    events = llama.parse_log(_llama("ngram-server.log"))
+    m = llama.cell_metrics(events, None, None, [])
+    assert (m["spec_drafted_tokens"], m["spec_accepted_tokens"]) == (110.0, 105.0) and m["spec_source"] == "log"
+    assert _nan(m["spec_verify_steps"]) and m["accept_rate"] == pytest.approx(105 / 110)
+    # no counters and no lines: the log cannot prove that nothing was drafted
+    m = llama.cell_metrics(llama.parse_log(_llama("ar-server.log")), None, None, [])
+    assert all(_nan(m[c]) for c in SPEC_COLUMNS)
+
+
+def test_llamacpp_gate_on_real_cells():
+    llama = get_engine("llamacpp")
+    meta = {"config": "ngram", "engine": "llamacpp", "labels": {"speculative": "ngram-simple"},
+            "options": {"spec_type": "ngram-simple", "spec_ngram_size_n": 3, "spec_ngram_size_m": 8}}
+    ar = llama.cell_metrics([], _llama("ar-metrics-before.txt"), _llama("ar-metrics-after.txt"), [])
+    ran = llama.cell_metrics([], _llama("ngram-metrics-before.txt"), _llama("ngram-metrics-after.txt"), [])
+    status = speculation_status(pd.DataFrame([{"config": "ngram", "ctx": 128, "concurrency": 1, **ran}]), [meta])
+    assert status["ngram"].ran is True and status["ngram"].drafted_tokens == 110.0
+    # the same config, had its server kept the counters at 0 as the non-speculative server did
+    never = speculation_status(pd.DataFrame([{"config": "ngram", "ctx": c, "concurrency": 1, **ar} for c in (128, 512)]),
+                               [meta])
+    assert never["ngram"].ran is False
+    assert never["ngram"].reason == ("asked for ngram-simple; the server's counters stayed at 0 draft tokens proposed "
+                                     "over all 2 cells")
+
+
+def test_h200_llamacpp_example_recorded_no_drafting():
+    """The recorded H200 run: no draft-acceptance line in the ngram log, decode calls equal to ar's in every cell."""
+    llama = get_engine("llamacpp")
+    log = (LLAMA_EXAMPLE / "ngram" / "server.log").read_text()
+    assert log.count("total time =") == 303
+    assert not [e for e in llama.parse_log(log) if e.kind == "draft_acceptance"]
+    ar, ngram = (pd.read_csv(LLAMA_EXAMPLE / c / "cells.csv") for c in ("ar", "ngram"))
+    assert ar.engine_decode_calls.tolist() == ngram.engine_decode_calls.tolist()
+    assert not [c for c in ngram.columns if c.startswith("spec_")]
+    meta = json.loads((LLAMA_EXAMPLE / "ngram" / "meta.json").read_text())
+    # its cells carry no speculative counters, so the gate itself cannot tell
+    assert speculation_status(ngram, [meta])["ngram"].ran is None
+    readme = (ROOT / "examples" / "h200-llamacpp" / "README.md").read_text()
+    assert "never drafted" in readme and "fewer verify steps buy little" not in readme

@@ -38,7 +38,8 @@ SPEC_TYPES = {"none", "draft", "eagle3", "ngram-simple", "ngram-map-k", "ngram-m
 _FAILURE = re.compile(r"(error|failed|out of memory|abort|segmentation fault)", re.I)
 # llama-server prints this once per finished request that drafted at least one token (server_slot::print_timings,
 # tools/server/server-context.cpp), e.g.
-#   0.05.904.412 I slot print_timing: id  3 | task 58 | draft acceptance = 0.38889 (   21 accepted /    54 generated), mean len =  1.70
+#   0.11.484.358 I slot print_timing: id  3 | task 1 | draft acceptance = 0.92857 (   52 accepted /    56 generated), mean len =  8.43
+# (tests/data/llamacpp-0.3.36/ngram-server.log). ``mean len`` is 1 + accepted / verification steps.
 # A request that drafted nothing prints no such line, so the log can show drafting but never prove its absence.
 _DRAFT_ACCEPTANCE = re.compile(
     r"(?:id\s+(?P<slot>-?\d+)\s+\|\s+task\s+(?P<task>-?\d+)\s+\|\s+)?"
