@@ -1,11 +1,24 @@
 """The one interface every engine implements. Engine differences live only in the engine modules."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+# Per-cell speculative-decoding columns every engine's ``cell_metrics`` returns. NaN: the engine does not report the
+# quantity (so nothing can be said); 0: it reports it and the cell had none.
+SPEC_DRAFTED = "spec_drafted_tokens"    # draft tokens proposed to the target model
+SPEC_ACCEPTED = "spec_accepted_tokens"  # of those, accepted by the target model
+SPEC_VERIFY = "spec_verify_steps"       # target-model verification steps that checked a draft
+SPEC_COLUMNS = (SPEC_DRAFTED, SPEC_ACCEPTED, SPEC_VERIFY)
+
+
+def spec_columns(drafted: float | None = None, accepted: float | None = None, verify: float | None = None) -> dict:
+    """The standard speculative columns; None (not reported) becomes NaN, a reported 0 stays 0."""
+    return {k: (math.nan if v is None else float(v)) for k, v in zip(SPEC_COLUMNS, (drafted, accepted, verify))}
 
 
 @dataclass
@@ -61,6 +74,10 @@ class Engine:
     def world_size(self, options: dict) -> int:
         """Accelerators one server of this config occupies."""
         return 0
+
+    def speculation_requested(self, options: dict) -> str | None:
+        """The speculative-decoding method a config's structured options ask for, or None when they ask for none."""
+        return None
 
     # --- preparation and launch --------------------------------------------------------------------------------
     def prepare(self, settings: dict, log) -> dict:
@@ -118,5 +135,9 @@ class Engine:
 
     def cell_metrics(self, events: list[LogEvent], metrics_before: str | None, metrics_after: str | None,
                      requests: list[dict]) -> dict:
-        """Engine metrics for one cell from its log window, differenced /metrics and per-request records."""
-        return {}
+        """Engine metrics for one cell from its log window, differenced /metrics and per-request records.
+
+        Engines return at least the ``SPEC_COLUMNS`` (NaN where they do not report them), plus ``accept_length`` and
+        ``accept_rate`` when the cell verified drafts.
+        """
+        return spec_columns()

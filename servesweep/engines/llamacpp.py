@@ -9,7 +9,7 @@ import aiohttp
 
 from servesweep import promtext
 from servesweep.config import Matrix
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent
+from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_columns
 
 # structured option -> (flag, kind). kind: value | flag (bool switch) | onoff
 OPTIONS = {
@@ -37,6 +37,25 @@ OPTIONS = {
 SPEC_TYPES = {"none", "draft", "eagle3", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}
 
 _FAILURE = re.compile(r"(error|failed|out of memory|abort|segmentation fault)", re.I)
+# llama-server prints this once per finished request that drafted at least one token (server_slot::print_timings,
+# tools/server/server-context.cpp), e.g.
+#   0.11.484.358 I slot print_timing: id  3 | task 1 | draft acceptance = 0.92857 (   52 accepted /    56 generated), mean len =  8.43
+# (tests/data/llamacpp-0.3.36/ngram-server.log). ``mean len`` is 1 + accepted / verification steps.
+# A request that drafted nothing prints no such line, so the log can show drafting but never prove its absence.
+_DRAFT_ACCEPTANCE = re.compile(
+    r"(?:id\s+(?P<slot>-?\d+)\s+\|\s+task\s+(?P<task>-?\d+)\s+\|\s+)?"
+    r"draft acceptance = (?P<rate>[0-9.]+|nan|-?inf) \(\s*(?P<accepted>\d+) accepted /\s*(?P<generated>\d+) generated\)"
+    r"(?:, mean len =\s*(?P<mean_len>[0-9.]+))?")
+# /metrics counters (server_task_result_metrics::to_metrics, tools/server/server-task.cpp). This build always prints
+# them, 0 included, whether or not speculation is configured. Their help texts:
+#   spec_decode_num_draft_tokens_total     "Speculative: Total draft tokens generated"
+#   spec_decode_num_accepted_tokens_total  "Speculative: Total draft tokens accepted by the target model"
+#   spec_decode_num_drafts_total           "Speculative: Total speculative decoding verification steps"
+# and they are added when a request finishes, so a cell's difference covers the requests that finished in it.
+METRIC_DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens_total"
+METRIC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
+METRIC_VERIFY_STEPS = "llamacpp:spec_decode_num_drafts_total"
+METRIC_DECODE_CALLS = "llamacpp:n_decode_total"
 _MODEL_LOADED = re.compile(r"model loaded|server is listening", re.I)
 
 
@@ -73,6 +92,13 @@ class LlamaCppEngine(Engine):
 
     def world_size(self, options):
         return 1 if int(options.get("n_gpu_layers", 0) or 0) != 0 else 0
+
+    def speculation_requested(self, options):
+        types = [t.strip() for t in str(options.get("spec_type") or "").split(",") if t.strip() and t.strip() != "none"]
+        if types:
+            return ",".join(types)
+        # A draft model without --spec-type: llama-server infers the type from the draft GGUF.
+        return "draft" if options.get("draft_model") and "spec_type" not in options else None
 
     def prepare(self, settings, log):
         from servesweep import llamacpp_build
@@ -131,10 +157,15 @@ class LlamaCppEngine(Engine):
         events = []
         for i, line in enumerate(text.splitlines()):
             if "draft acceptance" in line:
-                m = re.search(r"draft acceptance = ([0-9.]+) \((\d+) accepted / (\d+) generated\)", line)
+                m = _DRAFT_ACCEPTANCE.search(line)
                 if m:
-                    events.append(LogEvent("draft_acceptance", None, {"rate": float(m.group(1)),
-                                           "accepted": int(m.group(2)), "generated": int(m.group(3))}, i))
+                    fields = {"rate": float(m["rate"]), "accepted": int(m["accepted"]),
+                              "generated": int(m["generated"])}
+                    if m["mean_len"] is not None:
+                        fields["mean_len"] = float(m["mean_len"])
+                    if m["slot"] is not None:
+                        fields["slot"], fields["task"] = int(m["slot"]), int(m["task"])
+                    events.append(LogEvent("draft_acceptance", None, fields, i))
             elif _MODEL_LOADED.search(line):
                 events.append(LogEvent("ready", None, {"line": line.strip()}, i))
             elif _FAILURE.search(line) and "error_log" not in line:
@@ -144,15 +175,25 @@ class LlamaCppEngine(Engine):
     def cell_metrics(self, events, metrics_before, metrics_after, requests):
         d = promtext.delta(metrics_before, metrics_after)
         out = {}
-        drafts = promtext.total(d, "llamacpp:spec_decode_num_drafts_total")
-        accepted = promtext.total(d, "llamacpp:spec_decode_num_accepted_tokens_total")
-        draft_tokens = promtext.total(d, "llamacpp:spec_decode_num_draft_tokens_total")
-        decodes = promtext.total(d, "llamacpp:n_decode_total")
+        decodes = promtext.total(d, METRIC_DECODE_CALLS)
         if decodes is not None:
             out["engine_decode_calls"] = decodes
-        if drafts:
-            out["spec_drafts"] = drafts
-            out["accept_length"] = 1 + accepted / drafts
-            if draft_tokens:
-                out["accept_rate"] = accepted / draft_tokens
+        draft_tokens = promtext.total(d, METRIC_DRAFT_TOKENS)
+        accepted = promtext.total(d, METRIC_ACCEPTED)
+        verify = promtext.total(d, METRIC_VERIFY_STEPS)
+        lines = [e.fields for e in events if e.kind == "draft_acceptance"]
+        out["draft_acceptance_lines"] = len(lines)
+        if draft_tokens is None and lines:
+            # No counters (a build without them, or /metrics off): the per-request log lines still show drafting.
+            draft_tokens = sum(f["generated"] for f in lines)
+            accepted = sum(f["accepted"] for f in lines)
+            out["spec_source"] = "log"
+        elif draft_tokens is not None:
+            out["spec_source"] = "metrics"
+        out.update(spec_columns(draft_tokens, accepted, verify))
+        if verify:
+            out["accept_length"] = 1 + (accepted or 0) / verify
+            out["accept_length_source"] = "metrics"
+        if draft_tokens:
+            out["accept_rate"] = (accepted or 0) / draft_tokens
         return out

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from servesweep import promtext
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent
+from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_columns
 
 DEFAULT_VERSION = "0.5.17"
 # From this version on, ``--cuda-graph-max-bs`` is gone and argparse rejects it as an ambiguous prefix of
@@ -75,7 +75,12 @@ def flag_version(settings: dict, prepared: dict | None = None) -> str:
 
 def _spec(opts: dict) -> str | None:
     algo = opts.get("speculative_algorithm")
-    return str(algo).upper() if algo else None
+    return str(algo).upper() if algo and str(algo).upper() != "NONE" else None
+
+
+# Differenced per cell. SGLang exports no counter of proposed draft tokens: ``sglang:spec_num_draft_tokens`` is the
+# configured draft size and ``sglang:spec_accept_length`` / ``sglang:spec_accept_rate`` are gauges of the last batch.
+METRIC_VERIFY_CALLS = "sglang:spec_verify_calls_total"
 
 
 def world_size_of(opts: dict) -> int:
@@ -286,6 +291,17 @@ def parse_sglang_log(text: str) -> list[LogEvent]:
     return events
 
 
+def _verify_steps(d: dict, requests: list[dict]) -> float | None:
+    """Verify steps in a cell: the differenced ``spec_verify_calls_total``, else the requests' ``spec_verify_ct``;
+    None when neither is reported (a non-speculative server reports neither)."""
+    counted = promtext.total(d, METRIC_VERIFY_CALLS)
+    if counted is not None:
+        return counted
+    per_request = [r.get("spec_verify_ct", (r.get("meta_info") or {}).get("spec_verify_ct")) for r in requests]
+    per_request = [v for v in per_request if v is not None]
+    return float(sum(per_request)) if per_request else None
+
+
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
@@ -375,6 +391,9 @@ class SGLangEngine(Engine):
 
     def world_size(self, options):
         return world_size_of(options)
+
+    def speculation_requested(self, options):
+        return _spec(options)
 
     def needs_client_warmup(self, sc):
         return bool(sc.options.get("skip_server_warmup"))
@@ -499,6 +518,7 @@ class SGLangEngine(Engine):
         if rates:
             out["accept_rate"] = _mean(rates)
         d = promtext.delta(metrics_before, metrics_after)
+        out.update(spec_columns(verify=_verify_steps(d, requests)))
         passes = promtext.by_label(d, "sglang:cuda_graph_passes_total", "mode")
         for mode, n in sorted(passes.items()):
             out[f"graph_passes_{mode}"] = n

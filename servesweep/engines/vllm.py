@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from servesweep import promtext
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent
+from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_columns
 
 # structured option -> (flag, kind). kind: value | flag (switch when true) | json
 OPTIONS = {
@@ -26,6 +26,13 @@ OPTIONS = {
     "trust_remote_code": ("--trust-remote-code", "flag"),
 }
 POSITIVE_INT_OPTIONS = ("tp", "pp", "dp", "max_model_len", "max_num_seqs")
+
+# Speculative counters (vllm/v1/spec_decode/metrics.py, SpecDecodingProm): prometheus_client Counters named
+# ``vllm:spec_decode_num_drafts`` ("Number of spec decoding drafts.", one per request per step that carried a draft),
+# ``vllm:spec_decode_num_draft_tokens`` and ``vllm:spec_decode_num_accepted_tokens``, exported with ``_total``.
+METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 
 # "INFO 11-29 13:57:14 [loggers.py:123] Engine 000: Avg prompt throughput: …, Running: 3 reqs, Waiting: 0 reqs, …"
 _PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG) (\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.\d+)? (.*)$")
@@ -86,6 +93,14 @@ class VLLMEngine(Engine):
                              "lower tp/pp/dp or run on a host with more GPUs"))
         return problems
 
+    def speculation_requested(self, options):
+        spec = options.get("speculative_config")
+        if not isinstance(spec, dict) or not spec:
+            return None
+        if spec.get("method"):
+            return str(spec["method"])
+        return "draft_model" if spec.get("model") else None
+
     def world_size(self, options):
         return world_size_of(options)
 
@@ -141,12 +156,13 @@ class VLLMEngine(Engine):
         out = {"max_running_req": max((e.fields["running_req"] for e in stats), default=math.nan),
                "max_queue_req": max((e.fields["queue_req"] for e in stats), default=math.nan),
                "failures": len(failures)}
-        drafts = promtext.total(d, "vllm:spec_decode_num_drafts_total")
-        accepted = promtext.total(d, "vllm:spec_decode_num_accepted_tokens_total")
-        draft_tokens = promtext.total(d, "vllm:spec_decode_num_draft_tokens_total")
-        if drafts:
-            out["spec_drafts"] = drafts
-            out["accept_length"] = 1 + (accepted or 0) / drafts
+        # vLLM registers these counters only when speculative_config is set, and then reports them from 0 on.
+        verify = promtext.total(d, METRIC_DRAFTS)
+        accepted = promtext.total(d, METRIC_ACCEPTED)
+        draft_tokens = promtext.total(d, METRIC_DRAFT_TOKENS)
+        out.update(spec_columns(draft_tokens, accepted, verify))
+        if verify:
+            out["accept_length"] = 1 + (accepted or 0) / verify
             out["accept_length_source"] = "metrics"
             if draft_tokens:
                 out["accept_rate"] = (accepted or 0) / draft_tokens
