@@ -12,6 +12,7 @@ import pandas as pd
 
 from servesweep import diagnosis, roofline
 from servesweep import stats as stats_mod
+from servesweep.speculation import speculation_status
 
 CELL_KEYS = ["workload", "ctx", "concurrency"]
 
@@ -167,9 +168,15 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
             "why": "one repeat per cell and no replicate config: no measured noise, so no difference is called"}
 
 
-def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, band: float) -> pd.DataFrame:
+FAILED_SPECULATION = "failed measurement: speculation never ran"
+
+
+def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, band: float,
+                  metas: list[dict] | None = None) -> pd.DataFrame:
     """Every other config against the baseline at the same (workload, ctx, C): throughput and per-request speedup
-    with Fieller 95 % intervals over repeats, and the verdict against the noise band."""
+    with Fieller 95 % intervals over repeats, and the verdict against the noise band. A config that asked for
+    speculative decoding whose engine counted no drafts gets no verdict: its numbers measured plain decoding."""
+    status = speculation_status(cells, metas) if metas else {}
     rows = []
     for cfg in sorted(set(cells["config"]) - {baseline}):
         per_req = {(r["workload"], r["ctx"], r["concurrency"]): r
@@ -189,14 +196,19 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, ban
                 "per_request_speedup": pr.get("ratio", math.nan), "per_request_speedup_lo": pr.get("lo", math.nan),
                 "per_request_speedup_hi": pr.get("hi", math.nan),
                 "repeats": r["repeats"], "baseline_repeats": r["reference_repeats"], "noise_band": band,
-                "verdict": stats_mod.verdict(r["lo"], r["hi"], band),
+                "speculation": ("" if cfg not in status or status[cfg].requested is None else
+                                "ran" if status[cfg].ran else "never drafted" if status[cfg].ran is False
+                                else "not reported"),
+                "verdict": (FAILED_SPECULATION if cfg in status and status[cfg].ran is False
+                            else stats_mod.verdict(r["lo"], r["hi"], band)),
                 "per_request_verdict": stats_mod.verdict(pr.get("lo", math.nan), pr.get("hi", math.nan), band),
                 "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]
                                      or base.get("client_bound", pd.Series([False])).fillna(False).iloc[0]),
             })
     cols = ["config", "workload", "ctx", "concurrency", "agg_output_tok_s", "baseline_agg_tok_s", "speedup",
             "speedup_lo", "speedup_hi", "per_request_speedup", "per_request_speedup_lo", "per_request_speedup_hi",
-            "repeats", "baseline_repeats", "noise_band", "verdict", "per_request_verdict", "client_bound"]
+            "repeats", "baseline_repeats", "noise_band", "speculation", "verdict", "per_request_verdict",
+            "client_bound"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -287,7 +299,7 @@ def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: l
     tp = throughput_table(cells)
     tp.to_csv(out.throughput, index=False)
     Path(out.throughput_md).write_text(throughput_markdown(cells))
-    sp = speedup_table(cells, repeats, baseline, noise["band"])
+    sp = speedup_table(cells, repeats, baseline, noise["band"], metas)
     sp.to_csv(out.speedup, index=False)
     Path(out.speedup_md).write_text(speedup_markdown(sp, baseline))
     energy = energy_table(cells)

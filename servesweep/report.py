@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from servesweep import stats as stats_mod
+from servesweep.speculation import speculation_status
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
 
 
@@ -94,6 +95,8 @@ def significance_words(g: pd.DataFrame, band: float) -> str:
     """Words for one config's verdicts over a concurrency series (``verdict`` column)."""
     conc = [int(c) for c in g["concurrency"]]
     verdicts = list(g["verdict"])
+    if any(v.startswith("failed measurement") for v in verdicts):
+        return "is a **failed measurement**: it asked for speculative decoding but its engine counted no drafts"
     if all(v == "not measurable" for v in verdicts):
         return "cannot be compared: one repeat gives no interval"
     faster = [c for c, v in zip(conc, verdicts) if v == "faster"]
@@ -111,6 +114,25 @@ def significance_words(g: pd.DataFrame, band: float) -> str:
     if rest:
         parts.append("no measurable difference at C=" + ", ".join(map(str, rest)))
     return "; ".join(parts) + f" (noise band ±{_pct(band)})"
+
+
+def speculation_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
+    """One line per config that asked for speculative decoding: whether its engine counted drafts, and on which
+    workloads its acceptance was measured."""
+    lines = []
+    for cfg, st in sorted(speculation_status(cells, metas).items()):
+        if st.requested is None:
+            continue
+        workloads = sorted(set(cells[cells["config"] == cfg].get("workload", pd.Series(["synthetic"]))))
+        on = f" Measured on: {', '.join(workloads)}."
+        if st.ran is False:
+            lines.append(f"- `{cfg}`: **speculation never ran** — {st.reason}. Its numbers are plain decoding "
+                         "and are not a speculative finding." + on)
+        elif st.ran is None:
+            lines.append(f"- `{cfg}`: not known whether it drafted — {st.reason}." + on)
+        else:
+            lines.append(f"- `{cfg}`: drafted — {st.reason}." + on)
+    return lines
 
 
 def replicate_findings(noise: dict) -> list[str]:
@@ -457,6 +479,10 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     if spec:
         lines += ["", f"Against the baseline `{baseline}` at matched cells (speedup of output tok/s, [95 % Fieller "
                   "interval over the repeats]):", ""] + spec
+    spec_lines = speculation_findings(cells, metas)
+    if spec_lines:
+        lines += ["", "Did speculative decoding run (the engine's draft counters over the measured windows)?", ""]
+        lines += spec_lines
     aa = replicate_findings(noise)
     if aa:
         lines += ["", "A/A check:", ""] + aa
