@@ -15,6 +15,10 @@ from servesweep import stats as stats_mod
 from servesweep.speculation import speculation_status
 
 CELL_KEYS = ["workload", "ctx", "concurrency"]
+# Other processes' share of the host's CPU (bench.other_cpu_pct) above which a cell is not compared with another:
+# its config was measured beside a busy neighbour, the other perhaps not.
+HOST_BUSY_PCT = 10.0
+HOST_BUSY = "not compared: host busy"
 
 THROUGHPUT_COLUMNS = {
     "config": "config",
@@ -171,6 +175,10 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
 FAILED_SPECULATION = "failed measurement: speculation never ran"
 
 
+def _busy(cell: pd.DataFrame) -> bool:
+    return "host_other_cpu_pct" in cell and bool((cell["host_other_cpu_pct"] > HOST_BUSY_PCT).any())
+
+
 def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, band: float,
                   metas: list[dict] | None = None) -> pd.DataFrame:
     """Every other config against the baseline at the same (workload, ctx, C): throughput and per-request speedup
@@ -200,6 +208,7 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, ban
                                 "ran" if status[cfg].ran else "never drafted" if status[cfg].ran is False
                                 else "not reported"),
                 "verdict": (FAILED_SPECULATION if cfg in status and status[cfg].ran is False
+                            else HOST_BUSY if _busy(mine) or _busy(base)
                             else stats_mod.verdict(r["lo"], r["hi"], band)),
                 "per_request_verdict": stats_mod.verdict(pr.get("lo", math.nan), pr.get("hi", math.nan), band),
                 "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]

@@ -6,6 +6,7 @@ is not a declared Snakemake output, so a failed job never loses the cells it fin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import json
 import math
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 from servesweep import stats as stats_mod
 from servesweep.clock import now
@@ -39,7 +41,7 @@ CI_COLUMNS = (
     "itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_chunk_p50_s", "itl_chunk_p90_s", "itl_chunk_p99_s",
     "e2e_p50_s", "e2e_p90_s", "e2e_p99_s",
     "gpu_energy_j", "gpu_j_per_output_token", "output_tokens_per_gpu_j", "gpu_power_mean_w",
-    "cpu_energy_j", "cpu_j_per_output_token", "accept_length",
+    "cpu_energy_j", "cpu_j_per_output_token", "accept_length", "host_other_cpu_pct",
 )
 # Summed over repeats rather than averaged.
 COUNT_COLUMNS = ("requests", "errors", "warmup_requests", "drain_requests", "output_tokens", "prompt_tokens")
@@ -164,6 +166,31 @@ async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, mat
     return sources, described
 
 
+def cpu_snapshot(server: ServerProcess) -> tuple[float, float, float]:
+    """(host CPU seconds busy, the server's process tree's CPU seconds, this job's own CPU seconds) right now."""
+    host = psutil.cpu_times()
+    busy = sum(host) - host.idle - getattr(host, "iowait", 0.0)
+    served = 0.0
+    if server.proc is not None:
+        try:
+            root = psutil.Process(server.proc.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = proc.cpu_times()
+                    served += t.user + t.system
+        except psutil.Error:
+            pass
+    me = os.times()
+    return busy, served, me.user + me.system
+
+
+def other_cpu_pct(before: tuple[float, float, float], after: tuple[float, float, float], seconds: float) -> float:
+    """CPU used by processes other than the server and this job over a window, in % of all the host's cores: a
+    busy neighbour distorts host-bound cells, and this says when one was there."""
+    busy, served, mine = (b - a for a, b in zip(before, after))
+    return max(0.0, 100.0 * (busy - served - mine) / max(seconds * (os.cpu_count() or 1), 1e-9))
+
+
 async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session: aiohttp.ClientSession,
                        spec: LoadSpec, telemetry: Telemetry, cell_id: str) -> tuple[list[dict], dict]:
     """One repeat of one steady-state cell: the load, and telemetry, /metrics and the server log over its window.
@@ -175,11 +202,13 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
         window["log_from"] = server.log_path.stat().st_size
+        window["cpu_from"] = cpu_snapshot(server)
         telemetry.cell_begin(cell_id)
         window["metrics_before"] = await _scrape(session, base, engine.metrics_path)
 
     async def closed() -> None:
         window["log_to"] = server.log_path.stat().st_size
+        window["cpu_to"] = cpu_snapshot(server)
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
         window["metrics_after"] = await _scrape(session, base, engine.metrics_path)
 
@@ -196,6 +225,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     ok = [r for r in measured if not r.get("error") and r.get("prompt_tokens") is not None]
     row["prompt_tokens_per_request"] = statistics.fmean(r["prompt_tokens"] for r in ok) if ok else math.nan
     row.update(client)
+    row["host_other_cpu_pct"] = other_cpu_pct(window["cpu_from"], window["cpu_to"], t1 - t0)
     row.update(engine.cell_metrics(events, window["metrics_before"], window["metrics_after"], measured))
     row.update(window["telemetry"])
     row.update(energy_per_token(row))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from servesweep import stats as stats_mod
+from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT
 from servesweep.speculation import speculation_status
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
 
@@ -95,13 +96,18 @@ def significance_words(g: pd.DataFrame, band: float) -> str:
     """Words for one config's verdicts over a concurrency series (``verdict`` column)."""
     conc = [int(c) for c in g["concurrency"]]
     verdicts = list(g["verdict"])
+    busy = [c for c, v in zip(conc, verdicts) if v == HOST_BUSY]
+    if busy:
+        verdicts = ["no measurable difference" if v == HOST_BUSY else v for v in verdicts]
     if any(v.startswith("failed measurement") for v in verdicts):
         return "is a **failed measurement**: it asked for speculative decoding but its engine counted no drafts"
     if all(v == "not measurable" for v in verdicts):
         return "cannot be compared: one repeat gives no interval"
+    if busy and len(busy) == len(conc):
+        return "cannot be compared: other processes kept the host busy during these cells"
     faster = [c for c, v in zip(conc, verdicts) if v == "faster"]
     slower = [c for c, v in zip(conc, verdicts) if v == "slower"]
-    if not faster and not slower:
+    if not faster and not slower and not busy:
         return f"shows no measurable difference from the baseline at any concurrency (noise band ±{_pct(band)})"
     parts = []
     if faster:
@@ -110,9 +116,11 @@ def significance_words(g: pd.DataFrame, band: float) -> str:
     if slower:
         parts.append("is slower at every concurrency measured" if len(slower) == len(conc)
                      else "is slower at C=" + ", ".join(map(str, slower)))
-    rest = [c for c in conc if c not in faster and c not in slower]
+    rest = [c for c in conc if c not in faster and c not in slower and c not in busy]
     if rest:
         parts.append("no measurable difference at C=" + ", ".join(map(str, rest)))
+    if busy:
+        parts.append("not compared at C=" + ", ".join(map(str, busy)) + " (host busy with other processes)")
     return "; ".join(parts) + f" (noise band ±{_pct(band)})"
 
 
@@ -196,6 +204,13 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band: fl
             out.append(f"- `{r.config}` {_cell(r)}: client-bound — client event-loop lag p99 "
                        f"{r.loop_lag_p99_ms:.1f} ms > {CLIENT_BOUND_LAG_P99_MS:.0f} ms, so the client limited this "
                        "cell; its throughput is the client's, not the server's speed.")
+    if "host_other_cpu_pct" in cells:
+        busy = cells[cells["host_other_cpu_pct"] > HOST_BUSY_PCT]
+        for r in busy.itertuples():
+            out.append(f"- `{r.config}` {_cell(r)}: other processes used {r.host_other_cpu_pct:.0f} % of the host's "
+                       f"CPU during its measured windows (more than {HOST_BUSY_PCT:.0f} %): a host-bound cell measured "
+                       "beside them is slower than on a quiet host, and comparisons with configs measured at "
+                       "another time are distorted.")
     if "window_capped" in cells:
         for r in cells[cells["window_capped"].fillna(False).astype(bool)].itertuples():
             out.append(f"- `{r.config}` {_cell(r)}: the measured window reached `matrix.measure.max_seconds` before "

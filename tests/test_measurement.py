@@ -273,3 +273,25 @@ def test_synthetic_prompts_are_exact_unique_and_the_same_in_every_config():
     other = asyncio.run(SyntheticPrompts.build(tokenize, corpus, 64, tag=31))
     assert other.get(2).payload != a.get(12).payload  # tag 3 index 12 vs tag 31 index 2: the separator tells
     assert "".join(map(chr, a.get(12).payload[:12])) == "Request3-12."
+
+
+def test_cells_measured_beside_a_busy_neighbour_are_not_compared():
+    rep = _repeats({"ar": {1: 50, 2: 80}, "b": {1: 20, 2: 80}}, seed=6)
+    cells = _cells(rep).assign(host_other_cpu_pct=[0.0, 0.0, 45.0, 0.0])  # b at C=1 ran beside another job
+    sp = aggregate.speedup_table(cells, rep, "ar", 0.05).set_index("concurrency")
+    assert sp.loc[1, "verdict"] == aggregate.HOST_BUSY
+    assert sp.loc[2, "verdict"] == "no measurable difference"
+    assert "not compared at C=1 (host busy" in significance_words(sp.reset_index(), 0.05)
+    found = "\n".join(anomalies(cells.assign(errors=0, requests=4), rep, 0.05))
+    assert "`b` ctx=128 C=1: other processes used 45 % of the host's CPU" in found
+
+
+def test_other_cpu_share():
+    from servesweep.bench import other_cpu_pct
+
+    # 2 cores over 1 s = 2 CPU-seconds; the host was busy 1.6 s, the server 0.9 s, this job 0.3 s -> 0.4 s others
+    import os
+    cores = os.cpu_count()
+    pct = other_cpu_pct((10.0, 5.0, 1.0), (11.6, 5.9, 1.3), 1.0)
+    assert pct == pytest.approx(100 * 0.4 / cores)
+    assert other_cpu_pct((10.0, 5.0, 1.0), (10.5, 5.4, 1.2), 1.0) == 0.0

@@ -111,10 +111,11 @@ def test_pipeline_end_to_end(workdir):
     assert set(speedup["config"]) == {"ar-copy", "ngram"}
     copy_rows = speedup[speedup["config"] == "ar-copy"]
     assert len(copy_rows) == 4 and (copy_rows["speedup_lo"] < copy_rows["speedup_hi"]).all()
-    # The A/A property on real servers: an identical config is never reported faster or slower.
-    assert (copy_rows["verdict"] == "no measurable difference").all(), copy_rows.to_string()
-    assert "`ar-copy` at 32 prompt tokens shows no measurable difference" in findings
-    assert "`ar-copy` on sharegpt prompts shows no measurable difference" in findings
+    # The A/A property on real servers: an identical config is never reported faster or slower (a cell measured
+    # beside a busy neighbour is not compared at all, and most must have been compared).
+    assert not copy_rows["verdict"].isin(["faster", "slower"]).any(), copy_rows.to_string()
+    assert (copy_rows["verdict"] == "no measurable difference").sum() >= 2, copy_rows.to_string()
+    assert "`ar-copy` at 32 prompt tokens" in findings and "`ar-copy` on sharegpt prompts" in findings
     noise = json.loads((workdir / "results/tables/noise.json").read_text())
     assert noise["source"] == "baseline repeats" and noise["band"] > 0
     correctness = pd.read_csv(workdir / "results/tables/correctness.csv")
