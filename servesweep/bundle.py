@@ -258,7 +258,7 @@ class Resolver:
         self.sdists: dict[str, Path] = {}
         self.chosen: dict[str, dict] = {}
         self.skipped: dict[str, dict] = {}
-        self.edges: dict[str, set[str]] = {}
+        self.conflicts: list[str] = []
         self.pip_calls = 0
         # This machine's pip configuration (constraints, extra indexes, find-links for its own Python) says nothing
         # about the target: only the index URL, certificates and timeouts are kept.
@@ -338,7 +338,8 @@ class Resolver:
         files = [Path(m.group(1)) for m in re.finditer(r"(?:Saved|File was already downloaded)\s+(\S+)", out)]
         if code != 0 or not files:
             raise BundleError(f"{spec}: neither a wheel for Python {self.python_version} {self.platforms[0]} nor an "
-                              f"sdist: {out.strip().splitlines()[-1] if out.strip() else ''}")
+                              f"sdist: {out.strip().splitlines()[-1] if out.strip() else ''} — if its wheels need a "
+                              "newer glibc, give the host's own --platform (`pip download -v` lists the tags skipped)")
         sdist = files[0]
         code, out = self._pip(["wheel", "--no-deps", "-w", str(self.local), str(sdist)])
         built = [w for w in self.local.glob("*.whl") if normalize(read_metadata(w)["name"]) == name]
@@ -361,10 +362,10 @@ class Resolver:
                 if name in handled:
                     continue
                 handled.add(name)
+                if self._has_wheel(req):
+                    continue            # a real version conflict: pip's message below says which
                 if self._statically_skipped(name):
                     self._stub(req)
-                elif self._has_wheel(req):
-                    continue            # a real version conflict: pip's message below says which
                 elif self.allow_sdist:
                     self._take_sdist(req)
                 else:
@@ -415,10 +416,39 @@ class Resolver:
                     queue.append((d, f"{node['name']} {node['version']}"))
         return reached, incoming
 
-    def resolve(self, roots: list[str], dest_build: Path | None = None) -> None:
-        if not roots:
-            return
-        nodes = self._graph(self._resolve_report(roots, "run"))
+    def resolve(self, groups: list[tuple[str, list[str]]]) -> None:
+        """Resolve each group of requirements on its own (servesweep's, then each engine's: an engine's pins need
+        not agree with servesweep's, and both are installed with --no-deps), merge them and download the lot."""
+        for tag, roots in groups:
+            if not roots:
+                continue
+            for name, c in self._resolve_group(roots, tag).items():
+                prev = self.chosen.get(name)
+                if prev and prev["version"] != c["version"]:
+                    note = f"{c['name']}: {prev['version']} for {prev['group']}, {c['version']} for {tag}; carrying " \
+                           f"{c['version']}"
+                    self.conflicts.append(note)
+                    _say("warning: " + note)
+                if prev:
+                    c["required_by"] = sorted(set(prev["required_by"]) | set(c["required_by"]))
+                self.chosen[name] = c
+        self._download(self.chosen, self.dest)
+        # The build requirements of carried sdists, as wheels: pip's isolated builds take them from the bundle.
+        build_roots = sorted({br for n in self.sdists if n in self.chosen
+                              for br in read_metadata(self.sdists[n])["build_requires"]})
+        if build_roots:
+            bnodes = self._graph(self._resolve_report(build_roots, "build"))
+            breached, bincoming = self._walk(build_roots, bnodes, lambda n, inc: False)
+            extra = {}
+            for name in breached:
+                if name not in self.chosen:
+                    extra[name] = {**bnodes[name], "kind": "wheel", "build_only": True, "group": "build",
+                                   "required_by": sorted({p for _, p in bincoming[name]})}
+            self._download(extra, self.dest)
+            self.chosen.update(extra)
+
+    def _resolve_group(self, roots: list[str], tag: str) -> dict:
+        nodes = self._graph(self._resolve_report(roots, re.sub(r"\W+", "-", tag)))
         _, all_incoming = self._walk(roots, nodes, lambda n, inc: False)
 
         def skip_reason(name: str) -> str | None:
@@ -432,40 +462,32 @@ class Resolver:
                 have = self.target_has[name]
                 if have is None:
                     return "the target has it (version not given)"
-                specs = [r.specifier for r, _ in all_incoming.get(name, [])]
-                if all(s.contains(self.Version(have), prereleases=True) for s in specs):
-                    return f"the target has {have}"
-                _say(f"note: the target has {name} {have}, which does not satisfy every requirement on it: carrying "
-                     f"{nodes[name]['version']}")
+                specs = [(r, p) for r, p in all_incoming.get(name, []) if r.specifier]
+                unmet = [f"{p} wants {r.specifier}" for r, p in specs
+                         if not r.specifier.contains(self.Version(have), prereleases=True)]
+                if unmet:
+                    _say(f"warning: the target's {name} {have} does not meet: {'; '.join(unmet)} — keeping the "
+                         f"target's (--carry {name} or --pin to carry one)")
+                    return f"the target has {have} (not meeting: {'; '.join(unmet)})"
+                return f"the target has {have}"
             return None
 
         def stop(name, incoming):
             reason = skip_reason(name)
             if reason:
-                self.skipped[name] = {"reason": reason, "version_resolved": nodes[name]["version"]}
+                self.skipped.setdefault(name, {"reason": reason, "version_resolved": nodes[name]["version"]})
             return bool(reason)
 
         reached, incoming = self._walk(roots, nodes, stop)
+        chosen = {}
         for name in reached:
+            by = sorted({p for _, p in incoming[name]})
             if name in self.skipped:
-                self.skipped[name]["required_by"] = sorted({p for _, p in incoming[name]})
+                self.skipped[name]["required_by"] = sorted(set(self.skipped[name].get("required_by", [])) | set(by))
                 continue
-            self.chosen[name] = {**nodes[name], "kind": "sdist" if name in self.sdists else "wheel",
-                                 "required_by": sorted({p for _, p in incoming[name]})}
-        self._download(self.chosen, self.dest)
-        # The build requirements of carried sdists, as wheels: pip's isolated builds take them from the bundle.
-        build_roots = sorted({br for n in self.sdists if n in self.chosen
-                              for br in read_metadata(self.sdists[n])["build_requires"]})
-        if build_roots:
-            bnodes = self._graph(self._resolve_report(build_roots, "build"))
-            breached, bincoming = self._walk(build_roots, bnodes, lambda n, inc: False)
-            extra = {}
-            for name in breached:
-                if name not in self.chosen:
-                    extra[name] = {**bnodes[name], "kind": "wheel", "build_only": True,
-                                   "required_by": sorted({p for _, p in bincoming[name]})}
-            self._download(extra, self.dest)
-            self.chosen.update(extra)
+            chosen[name] = {**nodes[name], "kind": "sdist" if name in self.sdists else "wheel", "group": tag,
+                            "required_by": by}
+        return chosen
 
     def _download(self, chosen: dict, dest: Path) -> None:
         dest.mkdir(parents=True, exist_ok=True)
@@ -573,11 +595,16 @@ def build(args: argparse.Namespace) -> Path:
 
     roots = [] if args.no_deps else list(own_meta["requires"])
     models = config_model_packages(Path(args.configfile)) if args.configfile else []
-    roots += models + list(args.engine or []) + list(args.add or [])
+    roots += models + list(args.add or [])
+    groups = [("servesweep", [r for r in roots if normalize(_req_name(r)) != "servesweep"])]
+    groups += [(f"engine {e}", [e]) for e in args.engine or []]
+    pip = None
+    if args.pip:
+        pip = [sys.executable, str(Path(args.pip) / "pip")] if args.pip.endswith(".whl") else args.pip.split()
     resolver = Resolver(wheels, python_version, platforms, skip=args.skip or [], target_has=target_has,
-                        pins=args.pin or [], carry=args.carry or [], allow_sdist=not args.no_sdist)
+                        pins=args.pin or [], carry=args.carry or [], allow_sdist=not args.no_sdist, pip=pip)
     try:
-        resolver.resolve([r for r in roots if normalize(_req_name(r)) != "servesweep"])
+        resolver.resolve(groups)
     finally:
         resolver.cleanup()
 
@@ -591,7 +618,8 @@ def build(args: argparse.Namespace) -> Path:
                  "kind": "wheel", "required_by": ["(built from the repository)"]}]
     for name, c in sorted(resolver.chosen.items()):
         packages.append({"name": c["name"], "version": c["version"], "file": f"wheels/{Path(c['path']).name}",
-                         "kind": c["kind"], "build_only": bool(c.get("build_only")), "required_by": c["required_by"]})
+                         "kind": c["kind"], "build_only": bool(c.get("build_only")), "group": c.get("group"),
+                         "required_by": c["required_by"]})
     sdists = sorted(p["name"] for p in packages if p["kind"] == "sdist")
     skipped = [{"name": n, **v} for n, v in sorted(resolver.skipped.items())]
     manifest = {
@@ -606,6 +634,7 @@ def build(args: argparse.Namespace) -> Path:
         "sdists_without_wheel": sdists,
         "skipped": skipped,
         "model_packages": models,
+        "version_conflicts": resolver.conflicts,
         "engine_sdist": f"engine/{engine_sdist.name}" if engine_sdist else None,
         "llama_cpp_python": args.llama_cpp_python if engine_sdist else None,
         # The install resolves dependencies only when the bundle holds the whole closure.
@@ -936,6 +965,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--llama-cpp-python", default=LLAMA_CPP_PYTHON, help="the llama-cpp-python sdist version")
     b.add_argument("--llama-sdist", help="use this local llama-cpp-python sdist instead of downloading it")
     b.add_argument("--no-llama-sdist", action="store_true", help="leave out the llama-cpp-python sdist")
+    b.add_argument("--pip", help="the pip to resolve and download with: a pip wheel file (run from the wheel) or "
+                                 "a command; default: this Python's pip (a recent pip reads only the wheels' metadata "
+                                 "while resolving, an old one downloads whole wheels)")
     b.add_argument("--source", help="servesweep's repository (default: the one this file is in)")
     b.add_argument("--split-mib", type=float, help="write the bundle as a tar cut into parts of at most N MiB")
     b.add_argument("--force", action="store_true", help="replace a non-empty --out")
