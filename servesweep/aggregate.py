@@ -116,6 +116,17 @@ def load_repeats(repeat_paths: list[Path], cells: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def with_repeat_extremes(cells: pd.DataFrame, repeats: pd.DataFrame) -> pd.DataFrame:
+    """Per cell, how many repeats the client limited and the worst client lag, where the cells lack them (runs
+    recorded before the bench job wrote them)."""
+    if "client_bound_repeats" in cells or repeats.empty or "client_bound" not in repeats:
+        return cells
+    keys = ["config", *CELL_KEYS]
+    extremes = repeats.groupby(keys).agg(client_bound_repeats=("client_bound", lambda x: int(x.fillna(False).sum())),
+                                         loop_lag_p99_ms_max=("loop_lag_p99_ms", "max")).reset_index()
+    return cells.merge(extremes, on=keys, how="left")
+
+
 def _repeat_values(repeats: pd.DataFrame, config: str, key: tuple, column: str) -> list[float]:
     sel = repeats[(repeats["config"] == config) & (repeats["workload"] == key[0]) & (repeats["ctx"] == key[1])
                   & (repeats["concurrency"] == key[2])]
@@ -301,6 +312,7 @@ def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: l
     cells = load_cells(cell_paths, meta_paths)
     metas = [json.loads(Path(p).read_text()) for p in meta_paths]
     repeats = load_repeats(repeat_paths, cells)
+    cells = with_repeat_extremes(cells, repeats)
     cells.to_csv(out.cells, index=False)
     repeats.to_csv(out.repeats, index=False)
     noise = noise_band(repeats, metas, baseline)

@@ -86,6 +86,9 @@ def combine_cell(repeats: list[dict]) -> dict:
         if key in repeats[0]:
             out[key] = repeats[0][key]  # identical in every repeat: keys, not measurements
     out["cell_start"], out["cell_end"] = repeats[0]["cell_start"], repeats[-1]["cell_end"]
+    out["client_bound_repeats"] = sum(bool(r.get("client_bound")) for r in repeats)
+    lags = [r["loop_lag_p99_ms"] for r in repeats if isinstance(r.get("loop_lag_p99_ms"), (int, float))]
+    out["loop_lag_p99_ms_max"] = max(lags) if lags else math.nan
     return out
 
 

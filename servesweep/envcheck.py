@@ -186,6 +186,28 @@ def check_flash_attn(facts: dict, needs: dict) -> dict:
     return check("flash_attn", "ok", f"flash_attn {fa.get('version')}")
 
 
+# Peer-to-peer capabilities asked of NVML, in order. On an H200 pair with nvidia-ml-py 13 the READ index constant
+# could not be passed to the C call at all (TypeError), while NVLINK and WRITE answered OK and torch saw peer access:
+# a query that cannot be made says nothing about P2P.
+P2P_CAPS = ("NVML_P2P_CAPS_INDEX_NVLINK", "NVML_P2P_CAPS_INDEX_WRITE", "NVML_P2P_CAPS_INDEX_READ")
+
+
+def _p2p_status(pynvml, a, b) -> str:
+    """``ok``, ``status N`` (the driver's answer) or ``unknown: …`` when no capability could be queried."""
+    errors = []
+    for name in P2P_CAPS:
+        index = getattr(pynvml, name, None)
+        if index is None:
+            continue
+        try:
+            status = pynvml.nvmlDeviceGetP2PStatus(a, b, index)
+        except Exception as exc:  # NVMLError, or a ctypes TypeError from the bindings
+            errors.append(f"{name}: {type(exc).__name__}")
+            continue
+        return "ok" if status == pynvml.NVML_P2P_STATUS_OK else f"status {status}"
+    return "unknown: " + "; ".join(errors or ["no capability index in these bindings"])
+
+
 def check_nvlink(facts: dict, needs: dict) -> dict:
     """NVLink topology and peer-to-peer access between every pair of GPUs."""
     nvml = facts["nvml"]
@@ -193,7 +215,8 @@ def check_nvlink(facts: dict, needs: dict) -> dict:
         return check("nvlink_p2p", "skipped", "fewer than two GPUs")
     links = {str(g["index"]): g.get("nvlink_active", 0) for g in nvml["gpus"]}
     p2p = nvml.get("p2p", {})
-    no_p2p = sorted(pair for pair, status in p2p.items() if status != "ok")
+    unknown = sorted(pair for pair, status in p2p.items() if str(status).startswith("unknown"))
+    no_p2p = sorted(pair for pair, status in p2p.items() if status != "ok" and pair not in unknown)
     detail = ("active NVLinks per GPU " + ", ".join(f"{i}:{n}" for i, n in links.items()) +
               f"; P2P {len(p2p) - len(no_p2p)}/{len(p2p)} pairs")
     multi = int(needs.get("max_gpus", 0)) > 1
@@ -202,6 +225,9 @@ def check_nvlink(facts: dict, needs: dict) -> dict:
                      fix="use GPUs on one NVLink/NVSwitch domain (CUDA_VISIBLE_DEVICES), check `nvidia-smi topo -m`, "
                          "or set NCCL_P2P_DISABLE=1 in the config's env to run slowly through the host",
                      blocks=multi, nvlink_active=links, p2p=p2p)
+    if unknown:
+        return check("nvlink_p2p", "warn", f"{detail}; P2P not queryable through NVML for {', '.join(unknown[:8])} "
+                     f"({p2p[unknown[0]]})", fix="check `nvidia-smi topo -m`", nvlink_active=links, p2p=p2p)
     if not any(links.values()):
         return check("nvlink_p2p", "warn" if multi else "ok", f"{detail} (PCIe only)",
                      fix="tensor parallelism over PCIe is slow: prefer tp=1 with dp, or an NVLink host" if multi
@@ -344,9 +370,7 @@ def probe_nvml() -> dict:
         p2p = {}
         for i in range(len(handles)):
             for j in range(i + 1, len(handles)):
-                status = _nvml_or(lambda: pynvml.nvmlDeviceGetP2PStatus(
-                    handles[i], handles[j], pynvml.NVML_P2P_CAPS_INDEX_READ), None)
-                p2p[f"{i}-{j}"] = "ok" if status == pynvml.NVML_P2P_STATUS_OK else f"status {status}"
+                p2p[f"{i}-{j}"] = _p2p_status(pynvml, handles[i], handles[j])
         return {"driver": _text(pynvml.nvmlSystemGetDriverVersion()), "gpus": gpus, "p2p": p2p}
     finally:
         pynvml.nvmlShutdown()

@@ -201,9 +201,14 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band: fl
             prev = r
     if "client_bound" in cells:
         for r in cells[cells["client_bound"].fillna(False).astype(bool)].itertuples():
-            out.append(f"- `{r.config}` {_cell(r)}: client-bound — client event-loop lag p99 "
-                       f"{r.loop_lag_p99_ms:.1f} ms > {CLIENT_BOUND_LAG_P99_MS:.0f} ms, so the client limited this "
-                       "cell; its throughput is the client's, not the server's speed.")
+            lag = getattr(r, "loop_lag_p99_ms_max", math.nan)
+            lag = r.loop_lag_p99_ms if pd.isna(lag) else lag
+            of = (f" in {int(r.client_bound_repeats)} of {int(r.repeats)} repeats"
+                  if pd.notna(getattr(r, "client_bound_repeats", math.nan)) and pd.notna(getattr(r, "repeats", math.nan))
+                  else "")
+            out.append(f"- `{r.config}` {_cell(r)}: client-bound{of} — client event-loop lag p99 up to "
+                       f"{lag:.1f} ms > {CLIENT_BOUND_LAG_P99_MS:.0f} ms, so the client limited this cell; its "
+                       "throughput is the client's, not the server's speed, and it is left out of the rankings.")
     if "host_other_cpu_pct" in cells:
         busy = cells[cells["host_other_cpu_pct"] > HOST_BUSY_PCT]
         for r in busy.itertuples():
@@ -478,7 +483,7 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     lines.append("")
     for r in best.itertuples():
         where = _cell(r)
-        if r.runner_up is None:
+        if not isinstance(r.runner_up, str):
             lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s), the only config measured.")
         elif r.verdict == "faster":
             lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s), {r.margin:.2f}× "
