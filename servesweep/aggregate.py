@@ -94,9 +94,9 @@ def load_cells(cell_paths: list[Path], meta_paths: list[Path]) -> pd.DataFrame:
         if df.empty:
             continue
         meta = metas[df["config"].iloc[0]]
-        for key, value in (meta.get("labels") or {}).items():
-            df[f"label_{key}"] = value
-        df["engine_version"] = meta.get("engine_version")
+        extra = {f"label_{key}": value for key, value in (meta.get("labels") or {}).items()}
+        extra["engine_version"] = meta.get("engine_version")
+        df = pd.concat([df, pd.DataFrame(extra, index=df.index)], axis=1)
         if "repeats" not in df:
             df["repeats"] = 1
         frames.append(roofline.annotate(df, meta))

@@ -1,0 +1,62 @@
+"""Regenerate the tables and the findings report of the recorded two-GPU sweep from its run folders.
+
+    python3 examples/2xh200-sglang-moe/make_report.py OUT_DIR [--charts]
+
+The same library calls as the pipeline's aggregate_tables, check_lossless, plot_charts and write_findings rules,
+over the bench jobs' outputs under `runs/` and the host card the pipeline wrote (`results/env/vm.md`). The
+requests are kept compressed (`requests.jsonl.gz`); nothing here reads them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from servesweep.aggregate import build_tables_in  # noqa: E402
+from servesweep.correctness.table import write_correctness_tables  # noqa: E402
+from servesweep.report import write_findings  # noqa: E402
+
+CONFIGS = ("dp2", "ep2", "pp2", "tp2")
+BASELINE = "tp2"
+
+
+def build_report(out: Path, charts: bool = False) -> str:
+    """Write the tables and FINDINGS.md under ``out``; return the report's text."""
+    runs = [HERE / "runs" / c for c in CONFIGS]
+    tables = build_tables_in(runs, BASELINE, out)
+    write_correctness_tables([r / "coding_eval.json" for r in runs], [r / "greedy.jsonl" for r in runs],
+                             [r / "meta.json" for r in runs], BASELINE, out / "correctness.csv",
+                             out / "correctness.md")
+    if charts:
+        import pandas as pd
+
+        from servesweep.charts import save_chart, speedup_heatmap, throughput_chart
+
+        save_chart(throughput_chart(pd.read_csv(tables.cells)), out / "throughput_vs_concurrency.png",
+                   out / "throughput_vs_concurrency.svg")
+        save_chart(speedup_heatmap(pd.read_csv(tables.speedup), BASELINE), out / "speedup_heatmap.png",
+                   out / "speedup_heatmap.svg")
+    inputs = SimpleNamespace(cells=tables.cells, noise=tables.noise, throughput=tables.throughput_md,
+                             speedup=tables.speedup, speedup_md=tables.speedup_md, energy_md=tables.energy_md,
+                             correctness=out / "correctness.csv", correctness_md=out / "correctness.md",
+                             meta=[r / "meta.json" for r in runs], env=HERE / "results" / "env" / "vm.md")
+    return write_findings(out / "FINDINGS.md", inputs, BASELINE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--charts", action="store_true")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    build_report(args.out, charts=args.charts)
+    print(args.out / "FINDINGS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

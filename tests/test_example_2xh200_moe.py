@@ -1,0 +1,49 @@
+"""The two-GPU MoE sweep recorded through the pipeline (examples/2xh200-sglang-moe/): the report regenerates from the
+committed run folders and says what the measurements show."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "2xh200-sglang-moe"
+LAYOUTS = {"tp2": (2, 1, 1, 1), "ep2": (2, 2, 1, 1), "dp2": (1, 1, 2, 1), "pp2": (1, 1, 1, 2)}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location("x2_make_report", EXAMPLE / "make_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path_factory.mktemp("x2")
+    text = module.build_report(out)
+    return text, pd.read_csv(out / "cells.csv"), pd.read_csv(out / "speedup.csv"), json.loads((out / "noise.json").read_text())
+
+
+def test_every_config_ran_through_the_pipeline_with_its_layout():
+    for cfg, (tp, ep, dp, pp) in LAYOUTS.items():
+        meta = json.loads((EXAMPLE / "runs" / cfg / "meta.json").read_text())
+        assert meta["status"] == "ok" and meta["engine_version"] == "0.5.17"
+        ident = meta["identity"]
+        assert (ident["tp_size"], ident["ep_size"], ident["dp_size"], ident["pp_size"]) == (tp, ep, dp, pp)
+        assert ident["enable_nccl_nvls"] is False and "--disable-custom-all-reduce" in meta["argv"]
+        repeats = pd.read_csv(EXAMPLE / "runs" / cfg / "repeats.csv")
+        assert len(repeats) == 6 and (repeats["errors"] == 0).all() and (repeats["window_s"] >= 5).all()
+    assert "nvlink_p2p | ok" in (EXAMPLE / "results" / "env" / "vm.md").read_text()
+
+
+def test_verdicts(report):
+    text, cells, speedup, noise = report
+    assert noise["source"] == "baseline repeats" and noise["band"] == pytest.approx(0.270, abs=0.001)
+    sp = speedup.set_index(["config", "concurrency"])
+    assert sp.loc[("pp2", 1), "verdict"] == "slower" and sp.loc[("pp2", 1), "speedup_hi"] < 0.4
+    # An interval that excludes 1 but stays inside the noise band is not called a difference.
+    assert sp.loc[("dp2", 1), "speedup_lo"] > 1 and sp.loc[("dp2", 1), "verdict"] == "no measurable difference"
+    assert set(cells["bottleneck"]) == {"host/launch-bound"}
+    c64 = cells[cells.concurrency == 64].set_index("config")
+    assert c64.loc["tp2", "gpm_nvlink_tx_mib_s"] > c64.loc["ep2", "gpm_nvlink_tx_mib_s"] > c64.loc["pp2", "gpm_nvlink_tx_mib_s"]
+    assert (c64["gpm_nvlink_tx_mib_s"] < 50_000).all()  # below the communication-bound threshold
+    assert "- ctx=1024 C=64: `ep2` (5926.6 tok/s), the only config measured." in text
+    assert "`tp2` ctx=1024 C=64: client-bound in 2 of 3 repeats" in text
+    assert "`pp2` at 1024 prompt tokens is slower at C=1" in text
