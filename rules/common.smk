@@ -51,6 +51,7 @@ def get_bench_params(wildcards):
         "engine_settings": config.get("engines", {}).get(entry["engine"], {}),
         "matrix": config["matrix"],
         "correctness": config.get("correctness", {}),
+        "parallel_cpu_benches": config.get("host", {}).get("parallel_cpu_benches", False),
     }
 
 

@@ -16,6 +16,7 @@ config = {
     "engines": {run["server_config"]["engine"]: run["engine_settings"]},
     "matrix": run["matrix"],
     "correctness": run["correctness"],
+    "host": {"parallel_cpu_benches": run["parallel_cpu_benches"]},
 }
 out = snakemake.output
 paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),

@@ -28,7 +28,7 @@ from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, run_correctness
 from servesweep.engines import get_engine
-from servesweep.lifecycle import (ServerProcess, ServerStartError, free_port, preflight, tail_lines,
+from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, free_port, preflight, tail_lines,
                                   wait_until_ready)
 from servesweep.loadgen import (LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan, corpus_text,
                                 run_load)
@@ -295,8 +295,23 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     engine = get_engine(sc.engine)
     matrix = Matrix.from_config(config["matrix"], sc.workloads)
     world = engine.world_size(sc.options)
-    port = free_port()
     gpus = config_gpus(sc, world)
+    # One job at a time per GPU, and per host for CPU engines: a neighbour would be measured too.
+    lease = HostLease(paths.servers_dir, gpus, cpu_engine=not world,
+                      exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False))
+    lease.acquire(on_wait=lambda path: print(f"[{cfg_name}] waiting for {path.name}: another bench job is using "
+                                             "this host's resources", file=log, flush=True))
+    try:
+        return _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctness_outputs, sc, engine,
+                           matrix, world, gpus, lease)
+    finally:
+        lease.release()
+
+
+def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctness_outputs, sc, engine, matrix,
+                world, gpus, lease) -> dict:
+    """``run_config`` once the host's resources for this config are held."""
+    port = free_port()
     # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
     # before anything is measured beside it.
     reaped = preflight(paths.servers_dir, port, gpus)
@@ -319,6 +334,7 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
         "matrix": config["matrix"], "status": "running",
     }
     meta["warnings"] += reaped
+    meta["host_lease"] = {"locks": [p.name for p in lease.paths], "waited_s": lease.waited_s}
     error = None
     memory_baseline = telemetry.memory_used_bytes()
     telemetry.start()

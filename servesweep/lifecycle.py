@@ -280,6 +280,58 @@ def preflight(records_dir: Path, port: int | None, gpus=(), host: str = "127.0.0
     return messages
 
 
+class HostLease:
+    """Exclusive use of this host's GPUs (one lock per GPU index) or, for a CPU engine, of its CPUs, for one job.
+
+    Two bench jobs never share a GPU, and two CPU-engine jobs never run at once unless the config allows it
+    (``host.parallel_cpu_benches``): with ``snakemake --cores N`` they would otherwise measure each other. The locks
+    are ``fcntl`` locks on files under ``records_dir/locks`` named by host, so the kernel drops them when the job
+    dies, however it dies. A job that finds them taken waits for them, in index order (no deadlock).
+    """
+
+    def __init__(self, records_dir: Path, gpus=(), cpu_engine: bool = False, exclusive_cpu: bool = True):
+        host = socket.gethostname().split(".")[0]
+        names = [f"{host}-gpu{g}" for g in sorted(set(gpus))]
+        if cpu_engine and exclusive_cpu:
+            names.append(f"{host}-cpu")
+        self.paths = [Path(records_dir) / "locks" / f"{n}.lock" for n in names]
+        self._files: list = []
+        self.waited_s = 0.0
+
+    def acquire(self, on_wait=None) -> "HostLease":
+        """Take every lock, waiting for each; ``on_wait(path)`` is called once per lock that was taken."""
+        import fcntl
+
+        t0 = time.monotonic()
+        for path in self.paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(path, "a+")
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait(path)
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"{os.getpid()}\n")
+            fh.flush()
+            self._files.append(fh)
+        self.waited_s = time.monotonic() - t0
+        return self
+
+    def release(self) -> None:
+        for fh in self._files:
+            fh.close()  # closing the file drops its lock
+        self._files = []
+
+    def __enter__(self) -> "HostLease":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class ServerProcess:
     """A server started in its own session (process group) with stdout+stderr appended to ``log_path``."""
 

@@ -177,3 +177,30 @@ def test_sigkilled_bench_job_leaves_no_llama_server(tmp_path):
     assert port_free(port, 5.0)
     print(f"llama-server gone and port {port} free {time.monotonic() - t0:.2f} s after the SIGKILL")
     assert "already gone" in preflight(records, port, [])[0]
+
+
+def test_host_lease_serialises_jobs_on_one_resource(tmp_path):
+    """Two jobs on one GPU (or two CPU-engine jobs on one host) never hold the host at once: the second waits."""
+    from servesweep.lifecycle import HostLease
+
+    holder = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from servesweep.lifecycle import HostLease
+        lease = HostLease({str(tmp_path)!r}, gpus=[0], cpu_engine=True).acquire()
+        print("held", flush=True)
+        time.sleep(1.5)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    waited = []
+    t0 = time.monotonic()
+    with HostLease(tmp_path, gpus=[1], cpu_engine=False):  # another GPU: no wait
+        assert time.monotonic() - t0 < 0.5
+    lease = HostLease(tmp_path, gpus=[], cpu_engine=True).acquire(on_wait=waited.append)
+    assert waited and waited[0].name.endswith("-cpu.lock")
+    assert lease.waited_s > 0.5  # it waited for the holder to finish
+    lease.release()
+    proc.wait(timeout=10)
+    # parallel CPU benches allowed: no lock at all
+    assert HostLease(tmp_path, gpus=[], cpu_engine=True, exclusive_cpu=False).paths == []
