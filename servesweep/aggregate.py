@@ -149,6 +149,21 @@ def ratio_rows(repeats: pd.DataFrame, config: str, reference: str, column: str =
     return out
 
 
+def _bands(cells: list[dict]) -> dict:
+    """The band per workload (the largest over its cells) and over the whole sweep. Real-text prompts vary in
+    length and so in speed, so each workload's cells are judged against their own workload's noise."""
+    by_workload: dict[str, float] = {}
+    for c in cells:
+        if not math.isnan(c["band"]):
+            by_workload[c["workload"]] = max(by_workload.get(c["workload"], 0.0), c["band"])
+    return {"band": max(by_workload.values()) if by_workload else math.nan, "by_workload": by_workload}
+
+
+def band_for(noise: dict, workload: str) -> float:
+    """The noise band that applies to a cell of ``workload``: its workload's own, else the sweep's."""
+    return (noise.get("by_workload") or {}).get(workload, noise.get("band", math.nan))
+
+
 def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
     """The sweep's measured noise: how far apart measurements that should be equal came out.
 
@@ -158,6 +173,8 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
     - Otherwise, the baseline's own repeats: the largest relative range (max − min) / mean over its cells. This
       misses launch-to-launch variation, which only a replicate measures; the report says which source was used.
     - With one repeat and no replicate there is no band, and no difference is called.
+
+    Bands are kept per workload (``by_workload``); ``band`` is the largest of them.
     """
     replicas = {m["config"]: m["labels"]["replicate_of"] for m in metas
                 if (m.get("labels") or {}).get("replicate_of")}
@@ -167,9 +184,7 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
             per_cell.append({**r, "config": copy, "reference": original,
                              "band": stats_mod.relative_band(r["lo"], r["hi"], r["ratio"])})
     if per_cell:
-        bands = [c["band"] for c in per_cell if not math.isnan(c["band"])]
-        return {"source": "replicate", "band": max(bands) if bands else math.nan, "replicates": replicas,
-                "cells": per_cell}
+        return {"source": "replicate", **_bands(per_cell), "replicates": replicas, "cells": per_cell}
     base = repeats[repeats["config"] == baseline]
     spreads = []
     for key, g in base.groupby(CELL_KEYS):
@@ -178,8 +193,8 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
             spreads.append({"workload": key[0], "ctx": int(key[1]), "concurrency": int(key[2]), "repeats": len(xs),
                             "band": float((xs.max() - xs.min()) / xs.mean())})
     if spreads:
-        return {"source": "baseline repeats", "band": max(s["band"] for s in spreads), "cells": spreads}
-    return {"source": "none", "band": math.nan, "cells": [],
+        return {"source": "baseline repeats", **_bands(spreads), "cells": spreads}
+    return {"source": "none", "band": math.nan, "by_workload": {}, "cells": [],
             "why": "one repeat per cell and no replicate config: no measured noise, so no difference is called"}
 
 
@@ -190,18 +205,21 @@ def _busy(cell: pd.DataFrame) -> bool:
     return "host_other_cpu_pct" in cell and bool((cell["host_other_cpu_pct"] > HOST_BUSY_PCT).any())
 
 
-def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, band: float,
+def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noise: dict | float,
                   metas: list[dict] | None = None) -> pd.DataFrame:
     """Every other config against the baseline at the same (workload, ctx, C): throughput and per-request speedup
     with Fieller 95 % intervals over repeats, and the verdict against the noise band. A config that asked for
     speculative decoding whose engine counted no drafts gets no verdict: its numbers measured plain decoding."""
     status = speculation_status(cells, metas) if metas else {}
+    if not isinstance(noise, dict):
+        noise = {"band": noise}
     rows = []
     for cfg in sorted(set(cells["config"]) - {baseline}):
         per_req = {(r["workload"], r["ctx"], r["concurrency"]): r
                    for r in ratio_rows(repeats, cfg, baseline, "per_request_tok_s")}
         for r in ratio_rows(repeats, cfg, baseline):
             key = (r["workload"], r["ctx"], r["concurrency"])
+            band = band_for(noise, key[0])
             pr = per_req.get(key, {})
             mine = cells[(cells["config"] == cfg) & (cells["workload"] == key[0]) & (cells["ctx"] == key[1])
                          & (cells["concurrency"] == key[2])]
@@ -320,7 +338,7 @@ def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: l
     tp = throughput_table(cells)
     tp.to_csv(out.throughput, index=False)
     Path(out.throughput_md).write_text(throughput_markdown(cells))
-    sp = speedup_table(cells, repeats, baseline, noise["band"], metas)
+    sp = speedup_table(cells, repeats, baseline, noise, metas)
     sp.to_csv(out.speedup, index=False)
     Path(out.speedup_md).write_text(speedup_markdown(sp, baseline))
     energy = energy_table(cells)

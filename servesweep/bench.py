@@ -240,7 +240,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
     """Run every cell of the matrix ``matrix.repeats`` times against a ready server; returns the workloads' facts.
 
     Repeats run in rounds (every cell once, then every cell again) so that a slow drift of the host spreads over
-    all cells instead of biasing the last ones; each (cell, repeat) gets prompts of its own.
+    all cells instead of biasing the last ones; each repeat of a cell sends the same prompts under its own tag.
     """
     base = server.base_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -248,9 +248,11 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
         cells = matrix.cells()
         for rep in range(matrix.repeats):
             for k, (workload, ctx, conc) in enumerate(cells):
+                # Every repeat of a cell sends the same prompts (its repeats then differ by measurement noise, not by
+                # which real-text prompts were drawn), each under a tag of its own so none hits the prefix cache.
                 tag = rep * len(cells) + k + 1
                 source = sources[(workload, ctx)]
-                source = replace(source, tag=tag, **({"offset": tag * 101} if isinstance(source, TextPrompts) else {}))
+                source = replace(source, tag=tag, **({"offset": k * 101} if isinstance(source, TextPrompts) else {}))
                 warm = matrix.warmup_for(conc)
                 if rep == 0 and k == 0 and engine.needs_client_warmup(sc):
                     warm = max(warm, 2 * conc, 4)  # the server skipped its own warm-up: the first cell does it

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from servesweep import stats as stats_mod
-from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT
+from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT, band_for
 from servesweep.speculation import speculation_status
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
 
@@ -19,6 +19,11 @@ from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
 
 def _fmt(x, spec=".1f") -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _band(noise, workload: str) -> float:
+    """The noise band for a cell of ``workload``: ``noise`` is the noise dict (per-workload bands) or one number."""
+    return band_for(noise, workload) if isinstance(noise, dict) else noise
 
 
 def _pct(band: float) -> str:
@@ -42,7 +47,7 @@ def _keys(df: pd.DataFrame) -> list[str]:
     return [k for k in ("workload", "ctx", "concurrency") if k in df]
 
 
-def best_per_cell(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band: float = math.nan) -> pd.DataFrame:
+def best_per_cell(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=math.nan) -> pd.DataFrame:
     """The fastest config per cell, and whether it is measurably faster than the runner-up.
 
     ``margin`` is the leader's throughput over the runner-up's with its Fieller interval over their repeats;
@@ -68,7 +73,8 @@ def best_per_cell(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band
                 a = here[here["config"] == lead["config"]]["agg_output_tok_s"].tolist()
                 b = here[here["config"] == second["config"]]["agg_output_tok_s"].tolist()
                 ratio, lo, hi = stats_mod.ratio_ci95(a, b)
-                row.update(margin_lo=lo, margin_hi=hi, verdict=stats_mod.verdict(lo, hi, band))
+                row.update(margin_lo=lo, margin_hi=hi,
+                           verdict=stats_mod.verdict(lo, hi, _band(band, row.get("workload", "synthetic"))))
             else:
                 row["verdict"] = "not measurable"
         rows.append(row)
@@ -79,10 +85,10 @@ def speedup_findings(speedup: pd.DataFrame, noise: dict, baseline: str) -> list[
     """Per config and workload/prompt length: where it is measurably faster or slower than the baseline, with
     every cell's speedup and interval; replicates of a config are reported as the A/A check they are."""
     lines = []
-    band = noise.get("band", math.nan)
     for cfg, grp in speedup.groupby("config"):
         for key, g in grp.sort_values("concurrency").groupby(["workload", "ctx"]):
             workload, ctx = key
+            band = _band(noise, workload)
             where = f"at {ctx} prompt tokens" if workload == "synthetic" else f"on {workload} prompts"
             series = "; ".join(
                 f"C={int(r.concurrency)}: {r.speedup:.2f}× "
@@ -163,20 +169,22 @@ def replicate_findings(noise: dict) -> list[str]:
 
 def noise_paragraph(noise: dict) -> list[str]:
     source = noise.get("source")
+    per = noise.get("by_workload") or {}
+    each = (" (" + ", ".join(f"{w} ±{_pct(b)}" for w, b in sorted(per.items())) + ")") if len(per) > 1 else ""
     if source == "replicate":
-        text = (f"Noise band ±{_pct(noise['band'])}, measured by the sweep's replicate config(s): how far an "
+        text = (f"Noise band ±{_pct(noise['band'])}{each}, measured by the sweep's replicate config(s): how far an "
                 "identical copy of a config, launched as its own job, came out from the original.")
     elif source == "baseline repeats":
-        text = (f"Noise band ±{_pct(noise['band'])}, from the baseline's own repeats (largest relative range over "
+        text = (f"Noise band ±{_pct(noise['band'])}{each}, from the baseline's own repeats (largest relative range over "
                 "its cells). It does not include launch-to-launch variation; add a replicate config "
                 "(`<name>: {replicate_of: <baseline>}`) to measure that.")
     else:
         text = ("No noise band: " + noise.get("why", "not measured") + ". Set `matrix.repeats` to 3 or more.")
     return [text + " A config is called faster or slower only where the 95 % interval of its speedup lies "
-            "entirely beyond 1 ± the band; otherwise the report says there is no measurable difference.", ""]
+            "entirely beyond 1 ± the band of its workload; otherwise the report says there is no measurable difference.", ""]
 
 
-def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band: float = math.nan) -> list[str]:
+def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=math.nan) -> list[str]:
     out = []
     for r in cells[cells.get("errors", 0) > 0].itertuples():
         out.append(f"- `{r.config}` {_cell(r)}: {int(r.errors)} of {int(r.requests)} requests in the measured "
@@ -192,7 +200,7 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band: fl
                 now_ = sel[sel["concurrency"] == r.concurrency]["agg_output_tok_s"].tolist()
                 before = sel[sel["concurrency"] == prev.concurrency]["agg_output_tok_s"].tolist()
                 ratio, lo, hi = stats_mod.ratio_ci95(now_, before)
-                if stats_mod.verdict(lo, hi, band) == "slower":
+                if stats_mod.verdict(lo, hi, _band(band, getattr(r, "workload", "synthetic"))) == "slower":
                     out.append(f"- `{cfg}` {_cell(prev).rsplit(' C=', 1)[0]}: throughput falls from "
                                f"{prev.agg_output_tok_s:.1f} tok/s at C={prev.concurrency} to "
                                f"{r.agg_output_tok_s:.1f} at C={r.concurrency} ({ratio:.2f}× [{lo:.2f}, {hi:.2f}], "
@@ -438,12 +446,15 @@ def workloads_section(metas: list[dict], cells: pd.DataFrame) -> list[str]:
         described.update(m.get("workloads") or {})
     for name, d in sorted(described.items()):
         lengths = d.get("lengths") or {}
-        p, o = lengths.get("prompt") or {}, lengths.get("output") or {}
-        lines.append(f"- `{name}`: {d.get('source') or d.get('path') or ''} {d.get('note') or ''}".rstrip()
-                     + f"; {lengths.get('n', '–')} prompts sampled (seed {d.get('seed')}, {d.get('rules')} rules); "
-                     f"prompt tokens p10/p50/p90 {_fmt(p.get('p10'), '.0f')}/{_fmt(p.get('p50'), '.0f')}/"
-                     f"{_fmt(p.get('p90'), '.0f')}, output tokens p10/p50/p90 {_fmt(o.get('p10'), '.0f')}/"
-                     f"{_fmt(o.get('p50'), '.0f')}/{_fmt(o.get('p90'), '.0f')}.")
+        p, o = lengths.get("prompt_tokens") or {}, lengths.get("output_tokens") or {}
+        src = d.get("source") if isinstance(d.get("source"), dict) else {}
+        source = src.get("package") or d.get("source") or ""
+        note = src.get("note") or d.get("note")
+        lines.append(f"- `{name}` ({source}): {lengths.get('n', '–')} prompts sampled with seed {d.get('seed')} under "
+                     f"{d.get('rules')}'s length rules; prompt tokens p10/p50/p90 {_fmt(p.get('p10'), '.0f')}/"
+                     f"{_fmt(p.get('p50'), '.0f')}/{_fmt(p.get('p90'), '.0f')}, output tokens (capped at the "
+                     f"matrix's output_tokens) p10/p50/p90 {_fmt(o.get('p10'), '.0f')}/{_fmt(o.get('p50'), '.0f')}/"
+                     f"{_fmt(o.get('p90'), '.0f')}." + (f" {note}" if note else ""))
     spec_cfgs = {m["config"] for m in metas if m.get("speculative")}
     if spec_cfgs and "workload" in cells:
         measured_on = set(cells[cells["config"].isin(spec_cfgs)]["workload"])
@@ -462,7 +473,6 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     repeats_path = Path(inputs.cells).with_name("repeats.csv")
     repeats = pd.read_csv(repeats_path) if repeats_path.exists() else None
     noise = json.loads(Path(inputs.noise).read_text()) if getattr(inputs, "noise", None) else {"band": math.nan}
-    band = noise.get("band", math.nan)
     metas = [json.loads(Path(p).read_text()) for p in sorted(inputs.meta)]
     for m in metas:
         m["speculative"] = bool((m.get("labels") or {}).get("speculative") not in (None, "none"))
@@ -477,7 +487,7 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     lines += workloads_section(metas, cells)
 
     lines += ["## Findings", ""] + noise_paragraph(noise)
-    best = best_per_cell(cells, repeats, band)
+    best = best_per_cell(cells, repeats, noise)
     lines.append("Best configuration per cell (output tok/s over the measured window, mean of the repeats; the "
                  "margin is the leader over the runner-up with its 95 % interval):")
     lines.append("")
@@ -510,7 +520,7 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     eng = engine_metric_findings(cells)
     if eng:
         lines += ["Engine metrics per cell (over each measured window):", ""] + eng + [""]
-    anomaly = anomalies(cells, repeats, band)
+    anomaly = anomalies(cells, repeats, noise)
     lines += ["Anomalies:", ""] + (anomaly or ["- none found (no errors, no measurable throughput drop as "
                                                "concurrency rises, client never the bottleneck)."]) + [""]
     warnings = [f"- `{m['config']}`: {w}" for m in metas for w in m.get("warnings") or []]
