@@ -5,6 +5,7 @@ from snakemake.utils import validate
 
 from servesweep.config import ConfigError, ServerConfig, check_config
 from servesweep.engines import get_engine
+from servesweep.envcheck import nvls_configs
 
 # Schema first (with the library's key-naming messages), then Snakemake's validate to fill defaults,
 # then the semantic checks. All of this happens while the DAG is built: before any server starts.
@@ -103,7 +104,8 @@ def get_run_outputs(name):
 
 
 def get_env_needs():
-    """What the host check must verify for this sweep: engines, accelerators per server, model sizes."""
+    """What the host check must verify for this sweep: engines, accelerators per server, model sizes, and the
+    configs that ask for NVLS (refused on hosts whose environment disables NVLink multicast)."""
     return {
         "engines": get_engines_used(),
         "max_gpus": max(
@@ -111,4 +113,5 @@ def get_env_needs():
             for sc in config["server_configs"].values()
         ),
         "models": {m: config["models"][m] for m in get_models_used()},
+        "nvls_configs": nvls_configs(config["server_configs"]),
     }

@@ -28,6 +28,9 @@ GPU_ENGINES = ("sglang", "vllm")  # engines that JIT-compile Triton / FlashInfer
 ALL_ENGINES = ("llamacpp", "sglang", "vllm")
 CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132  # cuda.h, CUdevice_attribute
 DISK_HEADROOM_BYTES = 20 * 10**9  # JIT caches, CUDA-graph dumps, logs and results beside the weights
+# Host environment variables that switch NVLink multicast (NVLS) off, and the value that does so. Shared hosts set
+# them because a multicast object can put the host's GPUs out of service for a day or more.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def check(name: str, status: str, detail: str, fix: str = "", blocks: bool = False, **facts) -> dict:
@@ -253,6 +256,37 @@ def check_multicast(facts: dict, needs: dict) -> dict:
                  multicast=flags)
 
 
+def nvls_configs(server_configs: dict) -> list[str]:
+    """Server configs that ask for NVLS: ``options.nvls: true``, ``--enable-nccl-nvls`` in ``extra_args``, or
+    ``NCCL_NVLS_ENABLE=1`` in ``env``."""
+    asking = []
+    for name, sc in server_configs.items():
+        opts, env = sc.get("options") or {}, sc.get("env") or {}
+        if (opts.get("nvls") is True or "--enable-nccl-nvls" in [str(a) for a in sc.get("extra_args") or []]
+                or str(env.get("NCCL_NVLS_ENABLE", "")).strip().lower() in ("1", "true")):
+            asking.append(name)
+    return sorted(asking)
+
+
+def check_nvls_policy(facts: dict, needs: dict) -> dict:
+    """A config asking for NVLS on a host whose environment switches NVLink multicast off blocks the sweep."""
+    env = facts.get("multicast_env") or {}
+    off = [f"{k}={env[k]}" for k, value in MULTICAST_OFF.items() if str(env.get(k, "")).strip() == value]
+    asking = list(needs.get("nvls_configs") or [])
+    host = (f"this host disables NVLink multicast ({', '.join(off)})" if off
+            else "this host's environment leaves NVLink multicast on")
+    if not asking:
+        return check("nvls_policy", "ok", f"no config asks for NVLS; {host}", multicast_env=env)
+    who = f"{', '.join(asking)} ask{'s' if len(asking) == 1 else ''} for NVLS"
+    if off:
+        return check("nvls_policy", "fail", f"{who}, but {host}: on such a host a multicast object can put the GPUs out of service for a day or "
+                     "more", fix="drop the NVLS configs (options.nvls: true, --enable-nccl-nvls, env "
+                     "NCCL_NVLS_ENABLE=1) from the sweep on this host; run them only on hosts of your own",
+                     blocks=True, multicast_env=env, nvls_configs=asking)
+    return check("nvls_policy", "ok", f"{who}; {host}", multicast_env=env,
+                 nvls_configs=asking)
+
+
 def check_disk(facts: dict, needs: dict) -> dict:
     """Free disk where resources/ lives vs the bytes of models not yet on this host, plus headroom."""
     disk = facts["disk"]
@@ -288,12 +322,13 @@ def check_engines(facts: dict, needs: dict) -> list[dict]:
 
 
 CHECKS = (check_python_headers, check_gpus, check_cuda_versions, check_triton, check_flashinfer, check_flash_attn,
-          check_nvlink, check_multicast, check_disk)
+          check_nvlink, check_multicast, check_nvls_policy, check_disk)
 
 
 def check_host(needs: dict, engine_facts: list[dict], manifests: list[dict], root: Path = Path("."),
                facts: dict | None = None) -> dict:
-    """Run every check for this sweep (``needs``: engines used, max GPUs per server, models); return the card's facts.
+    """Run every check for this sweep (``needs``: engines used, max GPUs per server, models, configs asking for
+    NVLS); return the card's facts.
 
     ``facts`` replaces the host probes (see :func:`gather_facts`) so that every branch can be driven in tests.
     """
@@ -302,7 +337,8 @@ def check_host(needs: dict, engine_facts: list[dict], manifests: list[dict], roo
     return {"host": facts.get("host", socket.gethostname()), "platform": facts.get("platform", platform.platform()),
             "python": facts.get("python", {}).get("version", platform.python_version()),
             "cpu_count": facts.get("cpu_count", os.cpu_count()), "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "needs": {"engines": list(needs.get("engines", [])), "max_gpus": int(needs.get("max_gpus", 0))},
+            "needs": {"engines": list(needs.get("engines", [])), "max_gpus": int(needs.get("max_gpus", 0)),
+                      "nvls_configs": list(needs.get("nvls_configs") or [])},
             "checks": checks}
 
 
@@ -341,7 +377,13 @@ def gather_facts(needs: dict, engine_facts: list[dict], manifests: list[dict], r
     return {"host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "python": probe_python_headers(), "nvml": nvml, "cuda_driver": probe_cuda_driver(),
             "nvcc": probe_nvcc(), "stack": stack, "engines": probe_engines(prepared, stack),
-            "disk": probe_disk(root, needs, manifests)}
+            "disk": probe_disk(root, needs, manifests), "multicast_env": probe_multicast_env()}
+
+
+def probe_multicast_env(environ=None) -> dict:
+    """The host environment variables that switch NVLink multicast off (absent ones are left out)."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in MULTICAST_OFF if k in environ}
 
 
 def probe_python_headers() -> dict:

@@ -187,6 +187,56 @@ def test_multicast_attribute():
     assert run(h200_facts(1), SGLANG_1)["nvls_multicast"]["status"] == "skipped"
 
 
+NVLS_OFF_HOST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@pytest.mark.parametrize("env", [NVLS_OFF_HOST, {"NCCL_NVLS_ENABLE": "0"}, {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"},
+                                 {"NVSHMEM_DISABLE_NVLS": "1"}])
+def test_nvls_config_is_refused_where_multicast_is_disabled(env):
+    f = h200_facts()
+    f["multicast_env"] = dict(env)
+    needs = {**SGLANG_8, "nvls_configs": ["tp8-nvls-on"]}
+    result = check_host(needs, [], [], facts=f)
+    c = by_name(result)["nvls_policy"]
+    assert c["status"] == "fail" and c["blocks"]
+    assert "tp8-nvls-on" in c["detail"] and "out of service for a day or more" in c["detail"]
+    assert next(iter(env)) in c["detail"] and "drop the NVLS configs" in c["fix"]
+    with pytest.raises(RuntimeError, match="nvls_policy: .*fix: drop the NVLS configs"):
+        raise_for_blockers(result)
+
+
+def test_nvls_policy_passes_without_nvls_configs_or_without_the_host_switch():
+    f = h200_facts()
+    f["multicast_env"] = dict(NVLS_OFF_HOST)
+    c = run(f)["nvls_policy"]  # no config asks for NVLS: the disabled host is fine
+    assert c["status"] == "ok" and not c["blocks"] and "NCCL_NVLS_ENABLE=0" in c["detail"]
+    f["multicast_env"] = {"NCCL_NVLS_ENABLE": "1"}  # a host that leaves multicast on
+    c = run(f, {**SGLANG_8, "nvls_configs": ["a", "b"]})["nvls_policy"]
+    assert c["status"] == "ok" and "a, b ask for NVLS" in c["detail"]
+
+
+def test_nvls_configs_are_found_by_option_flag_and_env():
+    configs = {
+        "opt": {"options": {"tp": 8, "nvls": True}},
+        "off": {"options": {"tp": 8, "nvls": False}, "env": {"NCCL_NVLS_ENABLE": "0"}},
+        "flag": {"options": {"tp": 8}, "extra_args": ["--disable-custom-all-reduce", "--enable-nccl-nvls"]},
+        "env": {"options": {}, "env": {"NCCL_NVLS_ENABLE": 1}},
+        "plain": {"options": {"tp": 8}},
+    }
+    assert envcheck.nvls_configs(configs) == ["env", "flag", "opt"]
+    assert envcheck.probe_multicast_env({"NCCL_NVLS_ENABLE": "0", "PATH": "/bin"}) == {"NCCL_NVLS_ENABLE": "0"}
+
+
+def test_sweeps_ask_for_nvls_only_where_meant():
+    from pathlib import Path
+
+    from servesweep.config import load_config
+
+    root = Path(__file__).resolve().parent.parent / "config"
+    assert envcheck.nvls_configs(load_config(root / "8xh200-kimi-shape.yaml")["server_configs"]) == []
+    assert envcheck.nvls_configs(load_config(root / "kimi-k26-8gpu.yaml")["server_configs"]) == ["tp8-nvls-on"]
+
+
 def test_disk():
     f = h200_facts()
     f["disk"].update(free_bytes=100 * 10**9, missing_model_bytes=590 * 10**9)
@@ -226,7 +276,8 @@ def test_real_run_on_this_machine(tmp_path):
     result = check_host(CPU_ONLY, [], [], root=tmp_path)
     checks = by_name(result)
     assert set(checks) >= {"python_headers", "gpus", "cuda_versions", "triton_jit", "flashinfer", "flash_attn",
-                           "nvlink_p2p", "nvls_multicast", "disk", "engine_llamacpp", "engine_sglang", "engine_vllm"}
+                           "nvlink_p2p", "nvls_multicast", "nvls_policy", "disk", "engine_llamacpp", "engine_sglang",
+                           "engine_vllm"}
     for c in checks.values():
         assert c["status"] in ("ok", "warn", "fail", "skipped") and c["detail"]
         assert c["status"] != "skipped" or c["detail"]
