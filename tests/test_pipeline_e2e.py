@@ -155,7 +155,7 @@ def test_editing_one_config_reruns_only_that_config(workdir):
 
 
 @pytest.mark.parametrize("sweep, configs", [("config/kimi-k26-8gpu.yaml", 10), ("config/2xh200-moe.yaml", 4),
-                                            ("config/h200-sglang.yaml", 3)])
+                                            ("config/h200-sglang.yaml", 3), ("config/8xh200-kimi-shape.yaml", 7)])
 def test_gpu_sweeps_plan_on_a_machine_without_gpus(tmp_path, sweep, configs):
     wd = copy_tree(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "report", "--cores", "1", f"--configfile={sweep}"],
