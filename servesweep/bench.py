@@ -32,7 +32,7 @@ from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, fr
                                   wait_until_ready)
 from servesweep.loadgen import (LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan, corpus_text,
                                 run_load)
-from servesweep.telemetry import Telemetry, energy_per_token
+from servesweep.telemetry import Telemetry, energy_per_token, load_nvml
 
 # Columns whose repeats get a 95 % interval in cells.csv (``<col>_ci95``, the half-width).
 CI_COLUMNS = (
@@ -66,6 +66,17 @@ class JobPaths:
         return cls(run / "cells.csv", run / "repeats.csv", run / "requests.jsonl", run / "meta.json",
                    run / "server.log", run / "telemetry.csv", Path(results) / "attempts" / cfg / stamp,
                    Path(results) / ".servers")
+
+
+def host_gpu_count() -> int:
+    """NVIDIA GPUs NVML sees on this host (0 without a driver)."""
+    nvml, _ = load_nvml()
+    if nvml is None:
+        return 0
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    finally:
+        nvml.nvmlShutdown()
 
 
 def config_gpus(sc: ServerConfig, world_size: int) -> list[int]:
@@ -298,11 +309,23 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     matrix = Matrix.from_config(config["matrix"], sc.workloads)
     world = engine.world_size(sc.options)
     gpus = config_gpus(sc, world)
-    # One job at a time per GPU, and per host for CPU engines: a neighbour would be measured too.
-    lease = HostLease(paths.servers_dir, gpus, cpu_engine=not world,
-                      exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False))
-    lease.acquire(on_wait=lambda path: print(f"[{cfg_name}] waiting for {path.name}: another bench job is using "
-                                             "this host's resources", file=log, flush=True))
+
+    def waiting(path: Path) -> None:
+        print(f"[{cfg_name}] waiting for {path.name}: another bench job is using this host's resources", file=log,
+              flush=True)
+
+    # One job at a time per GPU, and per host for CPU engines: a neighbour would be measured too. A GPU config whose
+    # GPUs are not pinned (CUDA_VISIBLE_DEVICES) gets the lowest free ones, so configs can run side by side.
+    pinned = "CUDA_VISIBLE_DEVICES" in sc.env or "CUDA_VISIBLE_DEVICES" in os.environ
+    if world and not pinned and host_gpu_count() >= world:
+        lease = HostLease.allocate(paths.servers_dir, world, list(range(host_gpu_count())), on_wait=waiting)
+        gpus = lease.gpus
+        sc.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        sc.env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA's indices = NVML's, which the locks use
+    else:
+        lease = HostLease(paths.servers_dir, gpus, cpu_engine=not world,
+                          exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False))
+        lease.acquire(on_wait=waiting)
     try:
         return _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctness_outputs, sc, engine,
                            matrix, world, gpus, lease)

@@ -298,6 +298,57 @@ class HostLease:
         self._files: list = []
         self.waited_s = 0.0
 
+    @property
+    def gpus(self) -> list[int]:
+        """The GPU indices this lease holds."""
+        return [int(p.stem.rsplit("-gpu", 1)[1]) for p in self.paths if "-gpu" in p.stem]
+
+    def try_acquire(self) -> bool:
+        """Take every lock now, or none: False (holding nothing) when one is taken."""
+        import fcntl
+
+        for path in self.paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(path, "a+")
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.close()
+                self.release()
+                return False
+            self._files.append(fh)
+        return True
+
+    @classmethod
+    def allocate(cls, records_dir: Path, count: int, available: list[int], on_wait=None,
+                 poll_s: float = 1.0) -> "HostLease":
+        """Lease ``count`` GPUs of ``available`` that no other job holds, waiting until that many are free; the
+        lowest free indices are taken. This is how one-GPU configs share a multi-GPU host side by side, each on its
+        own GPU, under ``snakemake --cores N --resources gpu=N``."""
+        if count > len(available):
+            raise ServerConflict(f"a config needs {count} GPUs and this host has {len(available)}")
+        t0 = time.monotonic()
+        told = False
+        while True:
+            held = []
+            for gpu in available:
+                lease = cls(records_dir, [gpu])
+                if lease.try_acquire():
+                    held.append(lease)
+                    if len(held) == count:
+                        break
+            if len(held) == count:
+                out = cls(records_dir, [g for lease in held for g in lease.gpus])
+                out._files = [fh for lease in held for fh in lease._files]
+                out.waited_s = time.monotonic() - t0
+                return out
+            for lease in held:
+                lease.release()
+            if on_wait is not None and not told:
+                on_wait(Path(records_dir) / "locks")
+                told = True
+            time.sleep(poll_s)
+
     def acquire(self, on_wait=None) -> "HostLease":
         """Take every lock, waiting for each; ``on_wait(path)`` is called once per lock that was taken."""
         import fcntl

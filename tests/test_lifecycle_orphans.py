@@ -204,3 +204,32 @@ def test_host_lease_serialises_jobs_on_one_resource(tmp_path):
     proc.wait(timeout=10)
     # parallel CPU benches allowed: no lock at all
     assert HostLease(tmp_path, gpus=[], cpu_engine=True, exclusive_cpu=False).paths == []
+
+
+def test_gpu_allocation_packs_jobs_onto_disjoint_gpus(tmp_path):
+    """One-GPU jobs on a two-GPU host get different GPUs; a third waits until one is free; two-GPU jobs get a set."""
+    from servesweep.lifecycle import HostLease
+
+    holder = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from servesweep.lifecycle import HostLease
+        lease = HostLease.allocate({str(tmp_path)!r}, 1, [0, 1])
+        print(lease.gpus[0], flush=True)
+        time.sleep(1.5)
+    """)
+    first = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "0"
+    second = HostLease.allocate(tmp_path, 1, [0, 1], poll_s=0.1)
+    assert second.gpus == [1]  # GPU 0 is taken: the next free one, no wait
+    waited = []
+    third = HostLease.allocate(tmp_path, 1, [0, 1], on_wait=waited.append, poll_s=0.1)
+    assert third.gpus == [0] and waited and third.waited_s > 0.5  # waited for the first job to end
+    third.release()
+    second.release()
+    first.wait(timeout=10)
+    both = HostLease.allocate(tmp_path, 2, [0, 1], poll_s=0.1)
+    assert both.gpus == [0, 1]
+    both.release()
+    with pytest.raises(Exception, match="needs 3 GPUs"):
+        HostLease.allocate(tmp_path, 3, [0, 1])
