@@ -243,14 +243,14 @@ def engine_metric_findings(cells: pd.DataFrame) -> list[str]:
     out = []
     if "accept_length" in cells:
         for cfg, g in cells.dropna(subset=["accept_length"]).groupby("config"):
-            parts = ", ".join(f"ctx={r.ctx} C={r.concurrency}: {r.accept_length:.2f}" for r in g.itertuples())
+            parts = ", ".join(f"{_cell(r)}: {r.accept_length:.2f}" for r in g.itertuples())
             out.append(f"- `{cfg}` accept length (tokens per verify step, bonus token included): {parts}.")
             if "speedup" in g:
                 # Each verify step costs more than one plain decode step; the speedup says how much of the accepted
                 # length survived that cost.
                 low = g[(g.accept_length > 1.5) & (g.speedup < 1.0)]
                 for r in low.itertuples():
-                    out.append(f"- `{cfg}` at ctx={r.ctx} C={r.concurrency} accepts {r.accept_length:.2f} tokens per "
+                    out.append(f"- `{cfg}` at {_cell(r)} accepts {r.accept_length:.2f} tokens per "
                                f"step yet runs at {r.speedup:.2f}× the baseline: drafting and verification cost more "
                                "than the accepted tokens save at this batch size.")
     if "cuda_graph_coverage" in cells:
@@ -261,7 +261,7 @@ def engine_metric_findings(cells: pd.DataFrame) -> list[str]:
                            f"{len(g)} cells): CUDA graphs are off or were never captured in this config, so each "
                            "step pays the kernel-launch overhead.")
             elif len(eager):
-                cells_txt = ", ".join(f"ctx={r.ctx} C={r.concurrency} ({r.cuda_graph_coverage:.0%})"
+                cells_txt = ", ".join(f"{_cell(r)} ({r.cuda_graph_coverage:.0%})"
                                       for r in eager.itertuples())
                 out.append(f"- `{cfg}` ran most decode steps eagerly (CUDA-graph coverage = decode log lines with "
                            f"`cuda graph: True` / all decode lines) in {cells_txt}: batches above the captured graph "
