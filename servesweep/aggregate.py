@@ -17,7 +17,7 @@ from servesweep.speculation import speculation_status
 CELL_KEYS = ["workload", "ctx", "concurrency"]
 # Other processes' share of the host's CPU (bench.other_cpu_pct) above which a cell is not compared with another:
 # its config was measured beside a busy neighbour, the other perhaps not.
-HOST_BUSY_PCT = 10.0
+HOST_BUSY_PCT = stats_mod.HOST_BUSY_PCT
 HOST_BUSY = "not compared: host busy"
 
 THROUGHPUT_COLUMNS = {
@@ -127,7 +127,15 @@ def with_repeat_extremes(cells: pd.DataFrame, repeats: pd.DataFrame) -> pd.DataF
     return cells.merge(extremes, on=keys, how="left")
 
 
+def clean_repeats(repeats: pd.DataFrame) -> pd.DataFrame:
+    """The repeats not measured beside a busy neighbour (all of them where the host's load was not recorded)."""
+    if "host_other_cpu_pct" not in repeats:
+        return repeats
+    return repeats[~(repeats["host_other_cpu_pct"] > HOST_BUSY_PCT)]
+
+
 def _repeat_values(repeats: pd.DataFrame, config: str, key: tuple, column: str) -> list[float]:
+    repeats = clean_repeats(repeats)
     sel = repeats[(repeats["config"] == config) & (repeats["workload"] == key[0]) & (repeats["ctx"] == key[1])
                   & (repeats["concurrency"] == key[2])]
     return [float(x) for x in sel[column].dropna()] if column in sel else []
@@ -185,7 +193,8 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
                              "band": stats_mod.relative_band(r["lo"], r["hi"], r["ratio"])})
     if per_cell:
         return {"source": "replicate", **_bands(per_cell), "replicates": replicas, "cells": per_cell}
-    base = repeats[repeats["config"] == baseline]
+    base = clean_repeats(repeats)
+    base = base[base["config"] == baseline]
     spreads = []
     for key, g in base.groupby(CELL_KEYS):
         xs = g["agg_output_tok_s"].dropna()
@@ -201,8 +210,14 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
 FAILED_SPECULATION = "failed measurement: speculation never ran"
 
 
-def _busy(cell: pd.DataFrame) -> bool:
-    return "host_other_cpu_pct" in cell and bool((cell["host_other_cpu_pct"] > HOST_BUSY_PCT).any())
+def _busy(repeats: pd.DataFrame, config: str, key: tuple) -> bool:
+    """Fewer than two of the cell's repeats were measured on a quiet host (and some were not)."""
+    if "host_other_cpu_pct" not in repeats:
+        return False
+    sel = repeats[(repeats["config"] == config) & (repeats["workload"] == key[0]) & (repeats["ctx"] == key[1])
+                  & (repeats["concurrency"] == key[2])]
+    busy = int((sel["host_other_cpu_pct"] > HOST_BUSY_PCT).sum())
+    return busy > 0 and len(sel) - busy < 2
 
 
 def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noise: dict | float,
@@ -237,7 +252,7 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
                                 "ran" if status[cfg].ran else "never drafted" if status[cfg].ran is False
                                 else "not reported"),
                 "verdict": (FAILED_SPECULATION if cfg in status and status[cfg].ran is False
-                            else HOST_BUSY if _busy(mine) or _busy(base)
+                            else HOST_BUSY if _busy(repeats, cfg, key) or _busy(repeats, baseline, key)
                             else stats_mod.verdict(r["lo"], r["hi"], band)),
                 "per_request_verdict": stats_mod.verdict(pr.get("lo", math.nan), pr.get("hi", math.nan), band),
                 "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]

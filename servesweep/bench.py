@@ -90,9 +90,12 @@ def config_gpus(sc: ServerConfig, world_size: int) -> list[int]:
 
 def combine_cell(repeats: list[dict]) -> dict:
     """One cell from its repeats: means, 95 % half-widths of the ``CI_COLUMNS``, summed counts; client-bound and
-    window-capped if any repeat was."""
-    out = stats_mod.combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in repeats], CI_COLUMNS,
+    window-capped if any repeat was. Repeats measured beside a busy neighbour are left out while any other is left
+    (``repeats_host_busy`` counts them)."""
+    clean = [r for r in repeats if not stats_mod.host_busy(r)] or repeats
+    out = stats_mod.combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in clean], CI_COLUMNS,
                                     COUNT_COLUMNS)
+    out["repeats_host_busy"] = sum(stats_mod.host_busy(r) for r in repeats)
     for key in ("config", "engine", *CELL_KEYS, "requested_prompt_tokens"):
         if key in repeats[0]:
             out[key] = repeats[0][key]  # identical in every repeat: keys, not measurements

@@ -32,8 +32,12 @@ def _pct(band: float) -> str:
 
 def _cell(r) -> str:
     """How a cell is named in the report: the prompt length (synthetic prompts) or the workload, and C."""
-    workload = getattr(r, "workload", "synthetic")
-    return f"{f'ctx={r.ctx}' if workload == 'synthetic' else workload} C={r.concurrency}"
+    def get(key, default=None):
+        return r.get(key, default) if hasattr(r, "get") else getattr(r, key, default)
+
+    workload = get("workload", "synthetic")
+    where = f"ctx={get('ctx')}" if workload == "synthetic" else workload
+    return f"{where} C={get('concurrency')}"
 
 
 def server_bound(cells: pd.DataFrame) -> pd.DataFrame:
@@ -217,13 +221,16 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
             out.append(f"- `{r.config}` {_cell(r)}: client-bound{of} — client event-loop lag p99 up to "
                        f"{lag:.1f} ms > {CLIENT_BOUND_LAG_P99_MS:.0f} ms, so the client limited this cell; its "
                        "throughput is the client's, not the server's speed, and it is left out of the rankings.")
-    if "host_other_cpu_pct" in cells:
-        busy = cells[cells["host_other_cpu_pct"] > HOST_BUSY_PCT]
-        for r in busy.itertuples():
-            out.append(f"- `{r.config}` {_cell(r)}: other processes used {r.host_other_cpu_pct:.0f} % of the host's "
-                       f"CPU during its measured windows (more than {HOST_BUSY_PCT:.0f} %): a host-bound cell measured "
-                       "beside them is slower than on a quiet host, and comparisons with configs measured at "
-                       "another time are distorted.")
+    if repeats is not None and "host_other_cpu_pct" in repeats:
+        busy = repeats[repeats["host_other_cpu_pct"] > HOST_BUSY_PCT]
+        keys = ["config", *[k for k in ("workload", "ctx", "concurrency") if k in repeats]]
+        for key, g in busy.groupby(keys):
+            r = g.iloc[0]
+            of = len(repeats[(repeats[keys] == pd.Series(dict(zip(keys, key)))).all(axis=1)])
+            out.append(f"- `{r['config']}` {_cell(r)}: {len(g)} of {of} repeats were measured while other processes "
+                       f"used {g['host_other_cpu_pct'].max():.0f} % of the host's CPU (more than {HOST_BUSY_PCT:.0f} "
+                       "%): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
+                       "two quiet repeats is not compared at all.")
     if "window_capped" in cells:
         for r in cells[cells["window_capped"].fillna(False).astype(bool)].itertuples():
             out.append(f"- `{r.config}` {_cell(r)}: the measured window reached `matrix.measure.max_seconds` before "

@@ -15,6 +15,18 @@ import numpy as np
 from scipy import stats as sps
 
 CONFIDENCE = 0.95
+# Other processes' share of the host's CPU during a repeat's window (bench.other_cpu_pct) above which the repeat was
+# measured beside a busy neighbour: it is kept in repeats.csv but left out of the cell's figures and comparisons.
+HOST_BUSY_PCT = 10.0
+
+
+def host_busy(row) -> bool:
+    """Whether a repeat row was measured beside a busy neighbour (False when it was not measured)."""
+    value = row.get("host_other_cpu_pct") if hasattr(row, "get") else None
+    try:
+        return float(value) > HOST_BUSY_PCT
+    except (TypeError, ValueError):
+        return False
 
 
 def percentile(values: Iterable[float], q: float) -> float:

@@ -275,15 +275,24 @@ def test_synthetic_prompts_are_exact_unique_and_the_same_in_every_config():
     assert "".join(map(chr, a.get(12).payload[:12])) == "Request3-12."
 
 
-def test_cells_measured_beside_a_busy_neighbour_are_not_compared():
-    rep = _repeats({"ar": {1: 50, 2: 80}, "b": {1: 20, 2: 80}}, seed=6)
-    cells = _cells(rep).assign(host_other_cpu_pct=[0.0, 0.0, 45.0, 0.0])  # b at C=1 ran beside another job
+def test_repeats_measured_beside_a_busy_neighbour_are_left_out():
+    rep = _repeats({"ar": {1: 50, 2: 80}, "b": {1: 50, 2: 80}}, seed=6)
+    rep["host_other_cpu_pct"] = 0.0
+    # b at C=1: two of three repeats ran beside another job (and were slow); b at C=2: one of three
+    rep.loc[(rep.config == "b") & (rep.concurrency == 1) & (rep.repeat < 2), ["host_other_cpu_pct", "agg_output_tok_s"]] = [45.0, 20.0]
+    rep.loc[(rep.config == "b") & (rep.concurrency == 2) & (rep.repeat == 0), ["host_other_cpu_pct", "agg_output_tok_s"]] = [30.0, 30.0]
+    cells = _cells(rep)
     sp = aggregate.speedup_table(cells, rep, "ar", 0.05).set_index("concurrency")
-    assert sp.loc[1, "verdict"] == aggregate.HOST_BUSY
-    assert sp.loc[2, "verdict"] == "no measurable difference"
+    assert sp.loc[1, "verdict"] == aggregate.HOST_BUSY  # one quiet repeat left: no interval
+    assert sp.loc[2, "verdict"] == "no measurable difference"  # the slow busy repeat is left out
+    assert sp.loc[2, "speedup"] == pytest.approx(1.0, abs=0.1)
     assert "not compared at C=1 (host busy" in significance_words(sp.reset_index(), 0.05)
     found = "\n".join(anomalies(cells.assign(errors=0, requests=4), rep, 0.05))
-    assert "`b` ctx=128 C=1: other processes used 45 % of the host's CPU" in found
+    assert "`b` ctx=128 C=1: 2 of 3 repeats were measured while other processes used 45 % of the host's CPU" in found
+    from servesweep.bench import combine_cell
+    rows = rep[(rep.config == "b") & (rep.concurrency == 2)].to_dict("records")
+    combined = combine_cell([{**r, "cell_start": 0.0, "cell_end": 1.0} for r in rows])
+    assert combined["repeats"] == 2 and combined["repeats_host_busy"] == 1
 
 
 def test_other_cpu_share():
