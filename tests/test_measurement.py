@@ -199,9 +199,12 @@ def test_saturation_needs_evidence():
 TTFT_S, GAP_S, TOKENS = 0.03, 0.01, 6
 
 
+SENDS = web.AppKey("sends", list)
+
+
 async def _completions(request: web.Request) -> web.StreamResponse:
     body = await request.json()
-    request.app["sends"].append(body["prompt"])
+    request.app[SENDS].append(body["prompt"])
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     await asyncio.sleep(TTFT_S)
@@ -233,7 +236,7 @@ def test_steady_state_cell_windows_and_callbacks():
         return await run_load(spec, opened, closed)
 
     app = web.Application()
-    app["sends"] = []
+    app[SENDS] = []
     app.router.add_post("/v1/completions", _completions)
 
     async def main():
@@ -252,8 +255,8 @@ def test_steady_state_cell_windows_and_callbacks():
     per_request = np.median([r["end"] - r["send"] for r in records])
     assert s["agg_output_tok_s"] == pytest.approx(2 * TOKENS / per_request, rel=0.3)
     # Every prompt is unique (first line tagged) and its own output length was asked for.
-    assert len(set(app["sends"])) == len(app["sends"])
-    assert all(p.startswith("Request 7-") for p in app["sends"])
+    assert len(set(app[SENDS])) == len(app[SENDS])
+    assert all(p.startswith("Request 7-") for p in app[SENDS])
     assert all(r["requested_output_tokens"] == TOKENS for r in records)
 
 
