@@ -68,6 +68,17 @@ class JobPaths:
                    Path(results) / ".servers")
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (host-bound cells depend on it), from /proc/cpuinfo where there is one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def host_gpu_count() -> int:
     """NVIDIA GPUs NVML sees on this host (0 without a driver)."""
     nvml, _ = load_nvml()
@@ -357,7 +368,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
         "model_sha256": (manifest.get("files") or [{}])[0].get("sha256") if len(manifest.get("files") or []) == 1
         else None, "model_manifest_files": len(manifest.get("files") or []), "load_format": manifest.get("load_format"),
         "labels": sc.labels, "options": sc.options, "host": socket.gethostname(), "platform": platform.platform(),
-        "cpu_count": os.cpu_count(), "warnings": engine.config_warnings(cfg_name, config["server_configs"][cfg_name],
+        "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "warnings": engine.config_warnings(cfg_name, config["server_configs"][cfg_name],
                                                                           sc.model, config),
         "matrix": config["matrix"], "status": "running",
     }

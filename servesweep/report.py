@@ -488,7 +488,11 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     host = metas[0].get("host") if metas else "?"
 
     lines = ["# Findings", ""]
-    lines += ["## Setup", "", f"Host `{host}`; {len(metas)} server configs; baseline `{baseline}`. "
+    cpu = metas[0].get("cpu_model") if metas else None
+    cores = metas[0].get("cpu_count") if metas else None
+    cpu_text = (f" (CPU: {cpu}, {cores} cores — host-bound cells depend on it)" if cpu
+                else f" ({cores} CPU cores; CPU model not recorded)" if cores else "")
+    lines += ["## Setup", "", f"Host `{host}`{cpu_text}; {len(metas)} server configs; baseline `{baseline}`. "
               + _matrix_text(matrix), ""]
     lines += setup_section(metas) + [""] + dummy_weights_note(metas) + startup_section(metas)
     lines += workloads_section(metas, cells)
