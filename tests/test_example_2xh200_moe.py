@@ -30,7 +30,7 @@ def test_every_config_ran_through_the_pipeline_with_its_layout():
         assert ident["enable_nccl_nvls"] is False and "--disable-custom-all-reduce" in meta["argv"]
         repeats = pd.read_csv(EXAMPLE / "runs" / cfg / "repeats.csv")
         assert len(repeats) == 6 and (repeats["errors"] == 0).all() and (repeats["window_s"] >= 5).all()
-    assert "nvlink_p2p | ok" in (EXAMPLE / "results" / "env" / "vm.md").read_text()
+    assert "nvlink_p2p | ok" in (EXAMPLE / "pipeline" / "env" / "vm.md").read_text()
 
 
 def test_verdicts(report):

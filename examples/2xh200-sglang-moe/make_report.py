@@ -3,7 +3,7 @@
     python3 examples/2xh200-sglang-moe/make_report.py OUT_DIR [--charts]
 
 The same library calls as the pipeline's aggregate_tables, check_lossless, plot_charts and write_findings rules,
-over the bench jobs' outputs under `runs/` and the host card the pipeline wrote (`results/env/vm.md`). The
+over the bench jobs' outputs under `runs/` and the host card the pipeline wrote (`pipeline/env/vm.md`). The
 requests are kept compressed (`requests.jsonl.gz`); nothing here reads them.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ def build_report(out: Path, charts: bool = False) -> str:
     inputs = SimpleNamespace(cells=tables.cells, noise=tables.noise, throughput=tables.throughput_md,
                              speedup=tables.speedup, speedup_md=tables.speedup_md, energy_md=tables.energy_md,
                              correctness=out / "correctness.csv", correctness_md=out / "correctness.md",
-                             meta=[r / "meta.json" for r in runs], env=HERE / "results" / "env" / "vm.md")
+                             meta=[r / "meta.json" for r in runs], env=HERE / "pipeline" / "env" / "vm.md")
     return write_findings(out / "FINDINGS.md", inputs, BASELINE)
 
 
