@@ -172,10 +172,44 @@ def band_for(noise: dict, workload: str) -> float:
     return (noise.get("by_workload") or {}).get(workload, noise.get("band", math.nan))
 
 
+def launch_key(meta: dict) -> tuple:
+    """What makes two configs' servers the same: engine, model and command line (the port left out)."""
+    argv = [str(a) for a in meta.get("argv") or []]
+    kept = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--port":
+            skip = True
+            continue
+        kept.append(arg)
+    return meta.get("engine"), meta.get("model"), tuple(kept)
+
+
+def identical_configs(metas: list[dict]) -> dict[str, str]:
+    """Configs launched exactly like another one of the sweep (same engine, model, command line but the port):
+    {copy: original}, the original being the first by name. Two such configs measure the same server twice, so
+    whatever separates them is noise — an A/A pair whatever they are called."""
+    first: dict[tuple, str] = {}
+    out = {}
+    for meta in sorted(metas, key=lambda m: m["config"]):
+        key = launch_key(meta)
+        if not key[2]:
+            continue
+        if key in first:
+            out[meta["config"]] = first[key]
+        else:
+            first[key] = meta["config"]
+    return out
+
+
 def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
     """The sweep's measured noise: how far apart measurements that should be equal came out.
 
-    - With replicate configs (``replicate_of``: an identical copy measured as its own job), the band is the
+    - With replicate configs (``replicate_of``: an identical copy measured as its own job — or any two configs
+      whose servers are launched identically, see ``identical_configs``), the band is the
       farthest any copy's throughput ratio to its original, or that ratio's 95 % interval, reached from 1 in any
       cell: launch-to-launch and order effects included.
     - Otherwise, the baseline's own repeats: the largest relative range (max − min) / mean over its cells. This
@@ -186,13 +220,17 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
     """
     replicas = {m["config"]: m["labels"]["replicate_of"] for m in metas
                 if (m.get("labels") or {}).get("replicate_of")}
+    identical = identical_configs(metas)
+    for copy, original in identical.items():
+        replicas.setdefault(copy, original)
     per_cell = []
     for copy, original in sorted(replicas.items()):
         for r in ratio_rows(repeats, copy, original):
             per_cell.append({**r, "config": copy, "reference": original,
                              "band": stats_mod.relative_band(r["lo"], r["hi"], r["ratio"])})
     if per_cell:
-        return {"source": "replicate", **_bands(per_cell), "replicates": replicas, "cells": per_cell}
+        return {"source": "replicate", **_bands(per_cell), "replicates": replicas,
+                "identical_configs": identical, "cells": per_cell}
     base = clean_repeats(repeats)
     base = base[base["config"] == baseline]
     spreads = []

@@ -163,7 +163,8 @@ def replicate_findings(noise: dict) -> list[str]:
         worst = max(cells, key=lambda c: c["band"]) if cells else None
         if worst is None:
             continue
-        lines.append(f"- `{copy}` is an identical copy of `{original}` (A/A check): throughput ratios "
+        how = "is launched exactly like"  # a replicate_of copy, or a config defined the same way
+        lines.append(f"- `{copy}` {how} `{original}` (A/A check): throughput ratios "
                      + ", ".join(f"{c['ratio']:.3f}" for c in cells)
                      + f" over {len(cells)} cells; the farthest from 1, interval included, is ±{_pct(worst['band'])} "
                      f"(ctx={worst['ctx']} C={worst['concurrency']}, {worst['workload']}). That is the sweep's "

@@ -175,6 +175,20 @@ def test_replicate_config_sets_the_band():
     assert noise["band"] == pytest.approx(expected)
 
 
+def test_configs_launched_identically_are_an_aa_pair():
+    metas = [{"config": "ar", "engine": "llamacpp", "model": "m", "labels": {}, "argv": ["srv", "--port", "1", "-np", "4"]},
+             {"config": "ar-copy", "engine": "llamacpp", "model": "m", "labels": {}, "argv": ["srv", "--port", "2", "-np", "4"]},
+             {"config": "np1", "engine": "llamacpp", "model": "m", "labels": {}, "argv": ["srv", "--port", "3", "-np", "1"]}]
+    assert aggregate.identical_configs(metas) == {"ar-copy": "ar"}
+    rep = _repeats({"ar": {1: 50, 2: 80}, "ar-copy": {1: 55, 2: 88}, "np1": {1: 50, 2: 40}}, seed=3, cv=0.01)
+    noise = aggregate.noise_band(rep, metas, "ar")
+    assert noise["source"] == "replicate" and noise["identical_configs"] == {"ar-copy": "ar"}
+    assert noise["band"] > 0.09  # the copy came out 10 % apart: that is the sweep's measured noise
+    sp = aggregate.speedup_table(_cells(rep), rep, "ar", noise).set_index(["config", "concurrency"])
+    assert sp.loc[("ar-copy", 1), "verdict"] == sp.loc[("ar-copy", 2), "verdict"] == "no measurable difference"
+    assert sp.loc[("np1", 2), "verdict"] == "slower"  # 0.5x is far beyond that noise
+
+
 def test_single_repeat_has_no_band():
     rep = _repeats({"ar": {1: 50}}).query("repeat == 0")
     assert aggregate.noise_band(rep, [{"config": "ar", "labels": {}}], "ar")["source"] == "none"
