@@ -85,10 +85,10 @@ def _with_keys(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def load_cells(cell_paths: list[Path], meta_paths: list[Path]) -> pd.DataFrame:
+def load_cells(cell_paths: list[Path], metas: list[dict]) -> pd.DataFrame:
     """All configs' cells in one frame, with each config's labels as ``label_*`` columns."""
     frames = []
-    metas = {json.loads(Path(p).read_text())["config"]: json.loads(Path(p).read_text()) for p in meta_paths}
+    metas = {m["config"]: m for m in metas}
     for cells_path in sorted(cell_paths):
         df = _with_keys(pd.read_csv(cells_path))
         if df.empty:
@@ -135,7 +135,6 @@ def clean_repeats(repeats: pd.DataFrame) -> pd.DataFrame:
 
 
 def _repeat_values(repeats: pd.DataFrame, config: str, key: tuple, column: str) -> list[float]:
-    repeats = clean_repeats(repeats)
     sel = repeats[(repeats["config"] == config) & (repeats["workload"] == key[0]) & (repeats["ctx"] == key[1])
                   & (repeats["concurrency"] == key[2])]
     return [float(x) for x in sel[column].dropna()] if column in sel else []
@@ -146,6 +145,7 @@ def ratio_rows(repeats: pd.DataFrame, config: str, reference: str, column: str =
     interval over the two configs' repeats."""
     out = []
     keys = repeats[repeats["config"] == config][CELL_KEYS].drop_duplicates().itertuples(index=False)
+    repeats = clean_repeats(repeats)
     for key in keys:
         a = _repeat_values(repeats, config, tuple(key), column)
         b = _repeat_values(repeats, reference, tuple(key), column)
@@ -254,8 +254,8 @@ def _busy(repeats: pd.DataFrame, config: str, key: tuple) -> bool:
         return False
     sel = repeats[(repeats["config"] == config) & (repeats["workload"] == key[0]) & (repeats["ctx"] == key[1])
                   & (repeats["concurrency"] == key[2])]
-    busy = int((sel["host_other_cpu_pct"] > HOST_BUSY_PCT).sum())
-    return busy > 0 and len(sel) - busy < 2
+    quiet = len(clean_repeats(sel))
+    return quiet < len(sel) and quiet < 2
 
 
 def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noise: dict | float,
@@ -380,8 +380,8 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
 def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: list[Path], baseline: str,
                  out: TablePaths) -> None:
     """Write the sweep's tables: cells, repeats, noise band, throughput, speedup and energy (CSV and markdown)."""
-    cells = load_cells(cell_paths, meta_paths)
     metas = [json.loads(Path(p).read_text()) for p in meta_paths]
+    cells = load_cells(cell_paths, metas)
     repeats = load_repeats(repeat_paths, cells)
     cells = with_repeat_extremes(cells, repeats)
     cells.to_csv(out.cells, index=False)

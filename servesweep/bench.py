@@ -331,8 +331,9 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     # One job at a time per GPU, and per host for CPU engines: a neighbour would be measured too. A GPU config whose
     # GPUs are not pinned (CUDA_VISIBLE_DEVICES) gets the lowest free ones, so configs can run side by side.
     pinned = "CUDA_VISIBLE_DEVICES" in sc.env or "CUDA_VISIBLE_DEVICES" in os.environ
-    if world and not pinned and host_gpu_count() >= world:
-        lease = HostLease.allocate(paths.servers_dir, world, list(range(host_gpu_count())), on_wait=waiting)
+    host_gpus = host_gpu_count() if world and not pinned else 0
+    if world and host_gpus >= world:
+        lease = HostLease.allocate(paths.servers_dir, world, list(range(host_gpus)), on_wait=waiting)
         gpus = lease.gpus
         sc.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         sc.env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA's indices = NVML's, which the locks use

@@ -21,6 +21,18 @@ def spec_columns(drafted: float | None = None, accepted: float | None = None, ve
     return {k: (math.nan if v is None else float(v)) for k, v in zip(SPEC_COLUMNS, (drafted, accepted, verify))}
 
 
+def spec_counter_columns(drafted: float | None, accepted: float | None, verify: float | None) -> dict:
+    """``spec_columns`` plus what the counters give: accept length (tokens per verify step, bonus included) where
+    steps were verified, accept rate where draft tokens were counted."""
+    out = spec_columns(drafted, accepted, verify)
+    if verify:
+        out["accept_length"] = 1 + (accepted or 0) / verify
+        out["accept_length_source"] = "metrics"
+    if drafted:
+        out["accept_rate"] = (accepted or 0) / drafted
+    return out
+
+
 @dataclass
 class LaunchSpec:
     """How to start a server: argv, environment additions and the port it will listen on."""

@@ -9,7 +9,7 @@ import aiohttp
 
 from servesweep import promtext
 from servesweep.config import Matrix
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_columns
+from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_counter_columns
 
 # structured option -> (flag, kind). kind: value | flag (bool switch) | onoff
 OPTIONS = {
@@ -190,10 +190,5 @@ class LlamaCppEngine(Engine):
             out["spec_source"] = "log"
         elif draft_tokens is not None:
             out["spec_source"] = "metrics"
-        out.update(spec_columns(draft_tokens, accepted, verify))
-        if verify:
-            out["accept_length"] = 1 + (accepted or 0) / verify
-            out["accept_length_source"] = "metrics"
-        if draft_tokens:
-            out["accept_rate"] = (accepted or 0) / draft_tokens
+        out.update(spec_counter_columns(draft_tokens, accepted, verify))
         return out

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from servesweep import promtext
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_columns
+from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_counter_columns
 
 # structured option -> (flag, kind). kind: value | flag (switch when true) | json
 OPTIONS = {
@@ -160,10 +160,5 @@ class VLLMEngine(Engine):
         verify = promtext.total(d, METRIC_DRAFTS)
         accepted = promtext.total(d, METRIC_ACCEPTED)
         draft_tokens = promtext.total(d, METRIC_DRAFT_TOKENS)
-        out.update(spec_columns(draft_tokens, accepted, verify))
-        if verify:
-            out["accept_length"] = 1 + (accepted or 0) / verify
-            out["accept_length_source"] = "metrics"
-            if draft_tokens:
-                out["accept_rate"] = (accepted or 0) / draft_tokens
+        out.update(spec_counter_columns(draft_tokens, accepted, verify))
         return out
