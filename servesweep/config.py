@@ -59,34 +59,28 @@ def schema_problems(config: dict) -> list[tuple[str, str, str]]:
     return problems
 
 
+def _fill_defaults(node, schema: dict) -> None:
+    """Fill, in place, every ``default`` the schema gives for a key the node lacks, recursing into objects (and into
+    each value of a map whose values have a schema, such as ``models`` and ``server_configs``)."""
+    if not isinstance(node, dict):
+        return
+    properties = schema.get("properties") or {}
+    for key, sub in properties.items():
+        if key not in node and "default" in sub:
+            node[key] = copy.deepcopy(sub["default"])
+        if key in node:
+            _fill_defaults(node[key], sub)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key, value in node.items():
+            if key not in properties:
+                _fill_defaults(value, extra)
+
+
 def apply_defaults(config: dict) -> dict:
-    """Fill schema defaults (same as ``snakemake.utils.validate(set_default=True)``) without mutating the input."""
+    """Fill the schema's defaults (``config/schema.yaml`` is their one source) without mutating the input."""
     config = copy.deepcopy(config)
-    config.setdefault("engines", {})
-    config.setdefault("host", {})
-    matrix = config.get("matrix", {})
-    matrix.setdefault("workloads", ["synthetic"])
-    for key, value in (("rules", "sglang"), ("seed", 0), ("pool", 256), ("max_prompt_tokens", 1024)):
-        matrix.setdefault("real_text", {}).setdefault(key, value)
-    for key, value in (("seconds", 1.0), ("requests_per_concurrency", 1)):
-        matrix.setdefault("warmup", {}).setdefault(key, value)
-    for key, value in (("seconds", 5.0), ("requests_per_concurrency", 2), ("min_requests", 4), ("max_seconds", 300)):
-        matrix.setdefault("measure", {}).setdefault(key, value)
-    matrix.setdefault("repeats", 3)
-    matrix.setdefault("temperature", 0)
-    matrix.setdefault("flush_cache_between_cells", False)
-    for model in config.get("models", {}).values():
-        model.setdefault("format", "hf")
-        model.setdefault("load_format", "auto")
-        model.setdefault("architecture", {})
-    for sc in config.get("server_configs", {}).values():
-        sc.setdefault("options", {})
-        sc.setdefault("env", {})
-        sc.setdefault("extra_args", [])
-        sc.setdefault("labels", {})
-        sc.setdefault("ready_timeout_s", 900)
-        sc.setdefault("stop_grace_s", 20)
-        sc.setdefault("request_timeout_s", 600)
+    _fill_defaults(config, _schema())
     return config
 
 
