@@ -28,8 +28,8 @@ from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, run_correctness
 from servesweep.engines import get_engine
-from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, free_port, preflight, tail_lines,
-                                  wait_until_ready)
+from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, free_port, preflight, refuse_busy_gpus,
+                                  tail_lines, wait_until_ready)
 from servesweep.loadgen import (LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan, corpus_text,
                                 run_load)
 from servesweep.telemetry import Telemetry, energy_per_token, load_nvml
@@ -355,6 +355,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
     # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
     # before anything is measured beside it.
     reaped = preflight(paths.servers_dir, port, gpus)
+    refuse_busy_gpus(gpus)
     spec = engine.launch(sc, Path(manifest["path"]), port, engine_facts)
     writer = CellWriter(paths.attempt_dir)
     server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,

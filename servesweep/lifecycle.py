@@ -280,6 +280,37 @@ def preflight(records_dir: Path, port: int | None, gpus=(), host: str = "127.0.0
     return messages
 
 
+def refuse_busy_gpus(gpus, exclude_pids=(), wait_s: float = 15.0, nvml=None, poll_s: float = 0.5) -> None:
+    """Before a launch: raise :class:`ServerConflict` when a process other than ``exclude_pids`` holds any of ``gpus``.
+
+    The launch records only know this pipeline's servers; NVML also sees everything else on the GPU — another user's
+    job, a notebook, a server started by hand. A process that is still going after ``wait_s`` (a server that was
+    just stopped gets that long to let go) fails the job before anything is measured beside it.
+    """
+    from servesweep.telemetry import gpu_processes
+
+    if not gpus:
+        return
+    exclude = set(exclude_pids) | {os.getpid()}
+    deadline = time.monotonic() + wait_s
+    while True:
+        busy = [p for p in gpu_processes(gpus, nvml=nvml) if p["pid"] not in exclude]
+        if not busy or time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    if busy:
+        lines = []
+        for p in busy:
+            mem = f"{p['used_mib']:.0f} MiB" if p["used_mib"] is not None else "memory not reported"
+            who = _describe(p["pid"]) if Path(f"/proc/{p['pid']}").exists() else (
+                f"pid {p['pid']} (not in this host's process table: another container or namespace)")
+            lines.append(f"GPU {p['gpu']}: {who}, {p['kind']}, {mem}")
+        raise ServerConflict(f"GPUs {sorted({p['gpu'] for p in busy})} are in use by processes this pipeline did "
+                             f"not start (still there after {wait_s:g} s): " + "; ".join(lines) + ". Measuring beside "
+                             "them would distort both — stop them, or pin the config to free GPUs with "
+                             "CUDA_VISIBLE_DEVICES in its `env`")
+
+
 class HostLease:
     """Exclusive use of this host's GPUs (one lock per GPU index) or, for a CPU engine, of its CPUs, for one job.
 

@@ -76,6 +76,37 @@ def load_nvml():
     return pynvml, ""
 
 
+def gpu_processes(indices, nvml=None) -> list[dict]:
+    """Processes NVML lists on the GPUs ``indices`` (NVML order): ``[{gpu, pid, used_mib, kind}]``.
+
+    Compute and graphics processes both count; ``used_mib`` is None where the driver does not say. Without a usable
+    NVML the list is empty (nothing can be checked) — callers that need to know use :func:`load_nvml` themselves.
+    """
+    own = nvml is None
+    if own:
+        nvml, _ = load_nvml()
+        if nvml is None:
+            return []
+    out: list[dict] = []
+    try:
+        for index in indices:
+            handle = nvml.nvmlDeviceGetHandleByIndex(int(index))
+            for kind, fn in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                             ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
+                try:
+                    procs = getattr(nvml, fn)(handle)
+                except Exception:  # NVMLError (not supported) or a binding without the call
+                    continue
+                for proc in procs or ():
+                    used = getattr(proc, "usedGpuMemory", None)
+                    out.append({"gpu": int(index), "pid": int(proc.pid), "kind": kind,
+                                "used_mib": None if used in (None, 0xFFFFFFFFFFFFFFFF) else used / 2**20})
+    finally:
+        if own:
+            nvml.nvmlShutdown()
+    return out
+
+
 def memory_bandwidth_bytes_s(bus_width_bits: int, max_mem_clock_mhz: int) -> float:
     """Peak DRAM bandwidth: bus width × max memory clock × 2 (double data rate), in bytes/s."""
     return bus_width_bits / 8 * max_mem_clock_mhz * 1e6 * 2

@@ -41,7 +41,8 @@ class FakeGpu:
     """One simulated GPU. ``power_w(t)`` gives the draw ``t`` seconds after creation."""
 
     def __init__(self, name="NVIDIA H200", power_w=lambda t: 400.0, limit_w=700.0, gpm=None, gpm_supported=True,
-                 counter_period_s=0.0, instant_supported=True, util=100, memory_used=lambda t: 10 * 2**30):
+                 counter_period_s=0.0, instant_supported=True, util=100, memory_used=lambda t: 10 * 2**30,
+                 processes=None):
         self.name, self.power_w, self.limit_w = name, power_w, limit_w
         self.gpm = gpm if gpm is not None else {NVML_GPM_METRIC_SM_UTIL: 97.0, NVML_GPM_METRIC_DRAM_BW_UTIL: 86.0,
                                                   NVML_GPM_METRIC_ANY_TENSOR_UTIL: 0.0,
@@ -49,6 +50,7 @@ class FakeGpu:
         self.gpm_supported, self.instant_supported, self.util = gpm_supported, instant_supported, util
         self.counter_period_s = counter_period_s
         self.memory_used_bytes = memory_used
+        self.processes = processes if processes is not None else []  # [(pid, used bytes)] of compute processes
         self.t0 = time.monotonic()
         self._energy_mj = 0.0
         self._last = 0.0
@@ -142,6 +144,12 @@ class FakeNvml:
     def nvmlDeviceGetTemperature(self, h, kind):
         self._gpu(h)
         return 45
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self._gpu(h).processes]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetMemoryInfo(self, h):
         gpu = self._gpu(h)

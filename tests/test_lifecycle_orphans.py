@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -233,3 +234,34 @@ def test_gpu_allocation_packs_jobs_onto_disjoint_gpus(tmp_path):
     both.release()
     with pytest.raises(Exception, match="needs 3 GPUs"):
         HostLease.allocate(tmp_path, 3, [0, 1])
+
+
+def test_gpus_held_by_a_process_we_did_not_start_are_refused(tmp_path):
+    """NVML sees what the launch records cannot: a foreign process on one of the job's GPUs fails it, naming the
+    GPU, the process and its memory; a process on another GPU does not."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_nvml import FakeGpu, FakeNvml
+
+    from servesweep.lifecycle import refuse_busy_gpus
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        nvml = FakeNvml([FakeGpu(), FakeGpu(processes=[(sleeper.pid, 3 * 2**30)])])
+        refuse_busy_gpus([0], nvml=nvml, wait_s=0)  # the other GPU's process is not this job's concern
+        with pytest.raises(ServerConflict) as err:
+            refuse_busy_gpus([0, 1], nvml=nvml, wait_s=0.3, poll_s=0.1)
+        msg = str(err.value)
+        assert "GPUs [1]" in msg and f"pid {sleeper.pid}" in msg and "3072 MiB" in msg and "time.sleep" in msg
+        # the job's own process is never a foreign occupant
+        refuse_busy_gpus([1], nvml=nvml, wait_s=0, exclude_pids=[sleeper.pid])
+        # a pid the host cannot see (another container) is still refused, and said to be invisible
+        nvml.gpus[1].processes = [(4_000_000, 2**30)]
+        with pytest.raises(ServerConflict, match="not in this host's process table"):
+            refuse_busy_gpus([1], nvml=nvml, wait_s=0)
+        # a process that lets go within the wait is not a conflict
+        nvml.gpus[1].processes = [(sleeper.pid, 2**30)]
+        threading.Timer(0.3, lambda: setattr(nvml.gpus[1], "processes", [])).start()
+        refuse_busy_gpus([1], nvml=nvml, wait_s=5, poll_s=0.05)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
