@@ -203,7 +203,7 @@ def _copy_repo(dest: Path) -> Path:
 
 def _flaky_llama_server(path: Path, marker_env: str) -> Path:
     """llama-server that refuses to start once for a server whose environment names a marker file, then is itself."""
-    from servesweep.llamacpp_build import build_llama_server
+    from servesweep.engines.llamacpp_build import build_llama_server
 
     real = build_llama_server()
     path.write_text("\n".join([

@@ -14,12 +14,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from servesweep.cache import cache_root
+
 DEFAULT_VERSION = "0.3.36"
-
-
-def cache_root() -> Path:
-    """The per-machine cache directory for built engines and assembled models."""
-    return Path(os.environ.get("SERVESWEEP_CACHE", Path.home() / ".cache" / "servesweep"))
 
 
 def binary_path(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:
