@@ -1,11 +1,16 @@
 """Engine registry: one module per engine, all behind :class:`servesweep.engines.base.Engine`.
 
 This is the one list of engines: the config schema's ``engine`` enum, the Snakemake wildcard constraint and the host
-check all read it from here.
+check all read it from here. Importing this package loads nothing else, so that ``python -m
+servesweep.engines.llamacpp_build`` runs on a host where only the standard library is installed yet (a bundle's
+install step).
 """
 from __future__ import annotations
 
-from servesweep.engines.base import Engine, HostNeeds, LaunchSpec, LogEvent
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servesweep.engines.base import Engine
 
 _ENGINES: dict[str, Engine] = {}
 
@@ -34,6 +39,3 @@ def engine_names() -> list[str]:
 def all_engines() -> list[Engine]:
     """Every engine, in name order."""
     return [_load()[name] for name in engine_names()]
-
-
-__all__ = ["Engine", "HostNeeds", "LaunchSpec", "LogEvent", "all_engines", "engine_names", "get_engine"]

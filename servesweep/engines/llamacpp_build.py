@@ -1,7 +1,8 @@
 """Build llama.cpp's native ``llama-server`` from the sources vendored in the llama-cpp-python sdist.
 
 The build is cached per machine (``$SERVESWEEP_CACHE`` or ``~/.cache/servesweep``), keyed by the sdist version and
-the build flavour, so it happens once per machine and never inside a benchmark job.
+the build flavour, so it happens once per machine and never inside a benchmark job. A bundle's install step runs
+this module before servesweep's dependencies are importable: it uses the standard library only.
 """
 from __future__ import annotations
 
