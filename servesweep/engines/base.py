@@ -190,9 +190,9 @@ class Engine(abc.ABC):
             return dict(stack.get(module) or {"error": f"{module} was not probed"})
         return {"error": f"{self.label} was not prepared"}
 
-    def findings(self, cells, runs) -> list[str]:
-        """Extra finding lines (markdown bullets) about this engine's own behaviour, read from the cell and run
-        tables; none by default."""
+    def findings(self, cells, metas: list[dict]) -> list[str]:
+        """Finding lines (markdown bullets) about this engine's own behaviour, from the cell table (a pandas
+        DataFrame with this engine's rows) and its runs' ``meta.json`` records; none by default."""
         return []
 
     # --- readiness and identity --------------------------------------------------------------------------------
