@@ -264,7 +264,8 @@ class Telemetry:
     def sample(self) -> list[dict]:
         """One reading of every GPU plus the CPU, as telemetry.csv rows (``gpu`` -1 is the CPU row)."""
         cores = psutil.cpu_percent(None, percpu=True)
-        rows = [{"t": now(), "gpu": -1, "cpu_util_pct": mean_or_nan(cores), "cpu_max_core_pct": max(cores, default=None)}]
+        rows = [{"t": now(), "gpu": -1, "cpu_util_pct": mean_or_nan(cores),
+                 "cpu_max_core_pct": max(cores, default=None)}]
         nv = self.nvml
         for gpu in self._gpus:
             h = gpu.handle
@@ -324,7 +325,8 @@ class Telemetry:
         cpu = [s for s in window if s["gpu"] == -1]
         out: dict = {"gpu_telemetry": "nvml" if self._gpus else NO_GPU,
                      "cpu_util_pct": mean_or_nan([s["cpu_util_pct"] for s in cpu]),
-                     "cpu_max_core_pct": mean_or_nan([s["cpu_max_core_pct"] for s in cpu if s["cpu_max_core_pct"] is not None])}
+                     "cpu_max_core_pct": mean_or_nan([s["cpu_max_core_pct"] for s in cpu
+                                                      if s["cpu_max_core_pct"] is not None])}
         if rapl is not None and begin["rapl0"] is not None:
             delta = rapl - begin["rapl0"]
             if delta < 0:  # counter wrapped

@@ -37,7 +37,7 @@ def test_registry_engines_are_complete():
     for engine in all_engines():
         assert engine.name and engine.label and engine.options, engine
         typed = set(engine.positive_int_options) | set(engine.bool_options)
-        assert typed <= set(engine.options), f"{engine.name}: typed options it does not know: {typed - set(engine.options)}"
+        assert typed <= set(engine.options), f"{engine.name}: unknown typed options {typed - set(engine.options)}"
         assert all(m.isidentifier() for m in engine.host_needs.modules), engine.host_needs
         assert engine.findings(None, None) == []
 

@@ -26,7 +26,8 @@ checked = config.check_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
 print(json.dumps({
     "package": servesweep.__file__,
     "schema_file": str(config.SCHEMA_RESOURCE),
-    "engine_enum": config.schema()["properties"]["server_configs"]["additionalProperties"]["properties"]["engine"]["enum"],
+    "engine_enum": config.schema()["properties"]["server_configs"]["additionalProperties"]["properties"]["engine"][
+        "enum"],
     "engines": engine_names(),
     "server_configs": sorted(checked["server_configs"]),
     "repeats": checked["matrix"]["repeats"],

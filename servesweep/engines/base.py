@@ -120,7 +120,8 @@ class Engine(abc.ABC):
                     for k in opts if k not in self.options]
         for k in self.positive_int_options:
             if k in opts and (isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < 1):
-                problems.append((f"{key}.{k}", f"must be a positive integer, got {opts[k]!r}", "give a whole number ≥ 1"))
+                problems.append((f"{key}.{k}", f"must be a positive integer, got {opts[k]!r}",
+                                 "give a whole number ≥ 1"))
         for k in self.bool_options:
             if k in opts and not isinstance(opts[k], bool):
                 problems.append((f"{key}.{k}", f"must be true or false, got {opts[k]!r}", "write true or false"))
