@@ -6,13 +6,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import aiohttp
-
 from servesweep import promtext
 from servesweep.engines import llamacpp_build
 from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_counter_columns
 
-# structured option -> (flag, kind). kind: value | flag (bool switch) | onoff
+# structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
     "parallel": ("--parallel", "value"),
     "ctx_size": ("--ctx-size", "value"),

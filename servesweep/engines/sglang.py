@@ -30,7 +30,7 @@ DFLASH_FAMILY = {"DFLASH", "DDTREE"}
 # SGLang's speculative hooks (DFLASH, EAGLE family, NGRAM, ...) all reset an unset --max-running-requests to this.
 SPEC_DEFAULT_MAX_RUNNING = 48
 
-# structured option -> (flag, kind). kind: value | flag (switch when true) | special (spelled by SGLangEngine.special_argv)
+# structured option -> (flag, kind); the kinds are Engine.option_argv's, ``special`` spelled by special_argv
 OPTIONS = {
     "tp": ("--tp-size", "value"),
     "pp": ("--pp-size", "value"),

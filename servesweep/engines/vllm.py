@@ -11,7 +11,7 @@ import time
 from servesweep import promtext
 from servesweep.engines.base import Engine, HostNeeds, LaunchSpec, LogEvent, spec_counter_columns
 
-# structured option -> (flag, kind). kind: value | flag (switch when true) | json
+# structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
     "tp": ("--tensor-parallel-size", "value"),
     "pp": ("--pipeline-parallel-size", "value"),
