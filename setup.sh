@@ -23,4 +23,4 @@ extras=""
 python3 -m pip install -q --disable-pip-version-check -e ".${extras}"
 
 # The embedded default's engine: built from the llama-cpp-python sdist's vendored llama.cpp, cached per machine.
-python3 -m servesweep.llamacpp_build
+python3 -m servesweep.engines.llamacpp_build

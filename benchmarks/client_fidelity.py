@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from servesweep.llamacpp_build import cache_root  # noqa: E402
+from servesweep.cache import cache_root  # noqa: E402
 from servesweep.stats import percentile  # noqa: E402
 
 MODEL = "fidelity-endpoint"

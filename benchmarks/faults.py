@@ -90,10 +90,22 @@ def run_mode(mode: str, workdir: Path) -> dict:
     return row
 
 
+class FaultServer(Engine):
+    """The fault server as an engine: the base class's OpenAI-compatible readiness and identity."""
+
+    name = label = "fault-server"
+
+    def prepare(self, settings, log):
+        return {}
+
+    def launch(self, sc, model_path, port, prepared):
+        raise NotImplementedError("faults.py launches the fault server itself")
+
+
 async def wait_until_ready_(server, sc):
     from servesweep.lifecycle import wait_until_ready
 
-    return await wait_until_ready(server, Engine(), sc, timeout_s=READY_TIMEOUT_S, poll_s=0.1)
+    return await wait_until_ready(server, FaultServer(), sc, timeout_s=READY_TIMEOUT_S, poll_s=0.1)
 
 
 def main(modes: list[str]) -> int:

@@ -17,5 +17,7 @@ rule aggregate_tables:
         baseline=BASELINE,
     log:
         "logs/aggregate/tables.log",
+    conda:
+        "../envs/servesweep.yaml"
     script:
         "../scripts/aggregate_tables.py"

@@ -26,5 +26,7 @@ rule bench_config:
         slurm_account=get_slurm_setting("account"),
     log:
         "logs/bench/{cfg}.log",
+    conda:
+        "../envs/servesweep.yaml"
     script:
         "../scripts/bench_config.py"

@@ -1,19 +1,21 @@
+import importlib.resources
 import os
 import socket
 
 from snakemake.utils import validate
 
-from servesweep.config import ConfigError, ServerConfig, check_config
-from servesweep.engines import get_engine
+from servesweep.config import SCHEMA_RESOURCE, ConfigError, check_config
+from servesweep.engines import engine_names, get_engine
 from servesweep.envcheck import nvls_configs
 
-# Schema first (with the library's key-naming messages), then Snakemake's validate to fill defaults,
-# then the semantic checks. All of this happens while the DAG is built: before any server starts.
+# The library's check first (schema with key-naming messages, defaults, semantic checks), then Snakemake's own
+# validation against the package's schema. All of this happens while the DAG is built: before any server starts.
 try:
     config.update(check_config(dict(config)))
 except ConfigError as err:
     raise WorkflowError(str(err))
-validate(config, schema="../config/schema.yaml")
+with importlib.resources.as_file(SCHEMA_RESOURCE) as schema_path:
+    validate(config, schema=str(schema_path))
 
 SERVER_CONFIGS = sorted(config["server_configs"])
 # Cluster jobs re-read this file on their own node; they inherit the submitting host's name through the environment
@@ -29,7 +31,7 @@ wildcard_constraints:
     # the constraint in every output pattern, and a 1,000-name alternation made planning 1,000 configs slow.
     cfg=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     model=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
-    engine="llamacpp|sglang|vllm",
+    engine="|".join(engine_names()),
 
 
 def get_model_of(wildcards):

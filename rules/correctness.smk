@@ -10,5 +10,7 @@ rule check_lossless:
         baseline=BASELINE,
     log:
         "logs/correctness/check_lossless.log",
+    conda:
+        "../envs/servesweep.yaml"
     script:
         "../scripts/check_lossless.py"

@@ -13,5 +13,7 @@ rule download_model:
         dest=lambda wc: f"resources/models/{wc.model}",
     log:
         "logs/download/{model}.log",
+    conda:
+        "../envs/servesweep.yaml"
     script:
         "../scripts/download_model.py"

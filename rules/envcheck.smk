@@ -10,6 +10,8 @@ rule prepare_engine:
         slurm_account=get_slurm_setting("account"),
     log:
         "logs/engines/{engine}.log",
+    conda:
+        "../envs/servesweep.yaml"
     script:
         "../scripts/prepare_engine.py"
 
@@ -32,5 +34,7 @@ rule check_env:
         slurm_account=get_slurm_setting("account"),
     log:
         f"logs/envcheck/{HOST}.log",
+    conda:
+        "../envs/servesweep.yaml"
     script:
         "../scripts/check_env.py"

@@ -11,6 +11,8 @@ rule plot_charts:
         baseline=BASELINE,
     log:
         "logs/report/charts.log",
+    conda:
+        "../envs/servesweep.yaml"
     script:
         "../scripts/plot_charts.py"
 
@@ -40,5 +42,7 @@ rule write_findings:
         baseline=BASELINE,
     log:
         "logs/report/findings.log",
+    conda:
+        "../envs/servesweep.yaml"
     script:
         "../scripts/write_findings.py"

@@ -370,8 +370,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
         "model_sha256": (manifest.get("files") or [{}])[0].get("sha256") if len(manifest.get("files") or []) == 1
         else None, "model_manifest_files": len(manifest.get("files") or []), "load_format": manifest.get("load_format"),
         "labels": sc.labels, "options": sc.options, "host": socket.gethostname(), "platform": platform.platform(),
-        "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "warnings": engine.config_warnings(cfg_name, config["server_configs"][cfg_name],
-                                                                          sc.model, config),
+        "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "warnings": engine.config_warnings(sc),
         "matrix": config["matrix"], "status": "running",
     }
     meta["warnings"] += reaped

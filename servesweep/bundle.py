@@ -9,7 +9,7 @@ and the build's arguments). ``--split-mib N`` cuts the bundle into tar parts of 
 
 ``install`` runs on the offline host with nothing but the standard library and pip (``python3 bundle.py install
 DIR``): it joins and checks the parts, checks every file against the manifest, and only then runs ``pip install
---no-index``; then it builds ``llama-server`` from the bundled sdist through :mod:`servesweep.llamacpp_build`.
+--no-index``; then it builds ``llama-server`` from the bundled sdist through :mod:`servesweep.engines.llamacpp_build`.
 
 This module imports only the standard library at module level: it must run before servesweep is installed.
 """
@@ -926,7 +926,7 @@ def _install_verified(bundle: Path, manifest: dict, args: argparse.Namespace) ->
     env = dict(os.environ)
     if target:
         env["PYTHONPATH"] = str(target) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [python, "-m", "servesweep.llamacpp_build", "--sdist", str(bundle / manifest["engine_sdist"]),
+    cmd = [python, "-m", "servesweep.engines.llamacpp_build", "--sdist", str(bundle / manifest["engine_sdist"]),
            "--version", manifest["llama_cpp_python"], "--flavour", args.engine_flavour]
     if _run(cmd, env=env).returncode != 0:
         raise BundleError("the packages are installed, but building llama-server from "

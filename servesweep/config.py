@@ -5,14 +5,17 @@ Every error names the config key and what to change, and all of them are raised 
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.resources
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "config" / "schema.yaml"
+from servesweep.engines import engine_names, get_engine
+
+# The schema ships inside the package (an installed wheel has no repository to read it from).
+SCHEMA_RESOURCE = importlib.resources.files("servesweep.data") / "schema.yaml"
 WILDCARD_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MAX_CONTEXT_TOKENS = 1_048_576
 MAX_CONCURRENCY = 65_536
@@ -32,15 +35,25 @@ def _dotted(path) -> str:
     return ".".join(parts).replace(".[", "[") or "<top level>"
 
 
-def _schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+@functools.lru_cache(maxsize=None)
+def _raw_schema() -> dict:
+    return yaml.safe_load(SCHEMA_RESOURCE.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def schema() -> dict:
+    """The config's JSON schema, with the engine registry's names as the ``server_configs.*.engine`` enum (the
+    registry is their one list). Read-only: callers that change it must copy it first."""
+    full = copy.deepcopy(_raw_schema())
+    full["properties"]["server_configs"]["additionalProperties"]["properties"]["engine"]["enum"] = engine_names()
+    return full
 
 
 def schema_problems(config: dict) -> list[tuple[str, str, str]]:
     """JSON-schema violations as (key, problem, fix) triples."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(_schema())
+    validator = jsonschema.Draft202012Validator(schema())
     problems = []
     for err in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         key = _dotted(err.absolute_path)
@@ -78,19 +91,18 @@ def _fill_defaults(node, schema: dict) -> None:
 
 
 def apply_defaults(config: dict) -> dict:
-    """Fill the schema's defaults (``config/schema.yaml`` is their one source) without mutating the input."""
+    """Fill the schema's defaults (``servesweep/data/schema.yaml`` is their one source) without mutating the input."""
     config = copy.deepcopy(config)
-    _fill_defaults(config, _schema())
+    _fill_defaults(config, _raw_schema())
     return config
 
 
 def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
     """Checks a schema cannot express: references, ranges, wildcard-safe names, engine option validity."""
-    from servesweep.engines import get_engine
-
     problems: list[tuple[str, str, str]] = []
     models = config.get("models", {})
     configs = config.get("server_configs", {})
+    typed_matrix = Matrix.from_config(config["matrix"]) if config.get("matrix") else None
     for name in models:
         if not WILDCARD_SAFE.match(name):
             problems.append((f"models.{name}", "name is not usable in file paths",
@@ -121,8 +133,8 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
             engine = get_engine(sc["engine"])
         except KeyError:
             continue  # the schema already reported the engine
-        for key, what, fix in engine.config_problems(name, sc, models[model], config):
-            problems.append((key, what, fix))
+        problems += engine.config_problems(ServerConfig.from_config(name, config), typed_matrix,
+                                           config.get("host", {}).get("gpus"))
     matrix = config.get("matrix", {})
     for ctx in matrix.get("context_lengths", []):
         if ctx > MAX_CONTEXT_TOKENS:
@@ -193,11 +205,6 @@ def check_config(config: dict) -> dict:
     if problems:
         raise ConfigError(problems)
     return config
-
-
-def load_config(path: str | Path) -> dict:
-    """Read a YAML config file and validate it."""
-    return check_config(yaml.safe_load(Path(path).read_text()) or {})
 
 
 @dataclass(frozen=True)

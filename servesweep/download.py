@@ -8,10 +8,10 @@ request headers over RPC and never appears in params, command lines or logs.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from servesweep.models import sha256_file
+from servesweep.lifecycle import free_port
 
 TOKEN_ENV = "HF_TOKEN"
 MAX_CONNECTIONS_PER_SERVER = 16  # aria2's hard cap (OptionHandlerFactory.cc)
@@ -29,7 +29,6 @@ LEDGER_NAME = ".verified.json"
 
 # aria2 exit / error codes (manual, "EXIT STATUS").
 _NOT_FOUND = "3"
-_BAD_HTTP_STATUS = "22"  # e.g. 403 from an expired signed URL
 _AUTH_FAILED = "24"
 _CHECKSUM = "32"
 
@@ -46,6 +45,15 @@ class RemoteFile:
     url: str
     size: int | None = None
     sha256: str | None = None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def fetch(name: str, model: dict, dest_dir, log=None, scratch_dir=None, max_attempts: int = 5,
@@ -275,7 +283,7 @@ class Aria2Daemon:
 
         self.directory.mkdir(parents=True, exist_ok=True)
         secret = secrets.token_hex(16)
-        port = _free_port()
+        port = free_port()
         # The secret goes in a 0600 conf file rather than argv, where any local user could read it.
         fd, conf = tempfile.mkstemp(prefix="aria2-", suffix=".conf")
         with os.fdopen(fd, "w") as fh:
@@ -326,12 +334,6 @@ class Aria2Daemon:
                 self.proc.wait()
         if self.proc.stderr:
             self.proc.stderr.close()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def aria2_options(f: RemoteFile, headers: list[str]) -> dict:

@@ -1,8 +1,9 @@
 """Per-host environment checks. Each check says ok / warn / fail / skipped, why, and the fix.
 
 Probing and judging are separate: :func:`gather_facts` asks the host (NVML, libcuda through ctypes, ``nvcc``, a
-subprocess in the engine's Python for torch / Triton / FlashInfer / flash_attn / SGLang / vLLM, ``llama-server``,
-the disk), and each ``check_*`` turns facts into a verdict, so tests can drive every branch with injected facts.
+subprocess in the engine's Python for torch / Triton / FlashInfer / flash_attn and the modules each engine names in
+``Engine.host_needs``, each engine's ``host_version``, the disk), and each ``check_*`` turns facts into a verdict, so
+tests can drive every branch with injected facts. What an engine needs comes from the engine registry.
 A failing check that matters for the sweep's configs (``blocks``) stops the pipeline before any server starts.
 
 Run ``python3 -m servesweep.envcheck --card`` to print this host's card.
@@ -24,8 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-GPU_ENGINES = ("sglang", "vllm")  # engines that JIT-compile Triton / FlashInfer kernels on the GPU
-ALL_ENGINES = ("llamacpp", "sglang", "vllm")
+from servesweep.engines import all_engines, get_engine
+from servesweep.versions import version_tuple
+
 CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132  # cuda.h, CUdevice_attribute
 DISK_HEADROOM_BYTES = 20 * 10**9  # JIT caches, CUDA-graph dumps, logs and results beside the weights
 # Host environment variables that switch NVLink multicast (NVLS) off, and the value that does so. Shared hosts set
@@ -39,17 +41,26 @@ def check(name: str, status: str, detail: str, fix: str = "", blocks: bool = Fal
             **({"facts": facts} if facts else {})}
 
 
+def _engines_needing(need: str, needs: dict) -> list[str]:
+    """The sweep's engines whose ``host_needs`` sets ``need`` (``gpu_jit`` or ``flashinfer``)."""
+    return [e for e in needs.get("engines", []) if getattr(get_engine(e).host_needs, need)]
+
+
+def _labels_needing(need: str) -> str:
+    """'A or B': the labels of every engine whose ``host_needs`` sets ``need``."""
+    return " or ".join(e.label for e in all_engines() if getattr(e.host_needs, need))
+
+
 def _needs_gpu_stack(needs: dict) -> bool:
-    return int(needs.get("max_gpus", 0)) > 0 and any(e in GPU_ENGINES for e in needs.get("engines", []))
+    return int(needs.get("max_gpus", 0)) > 0 and bool(_engines_needing("gpu_jit", needs))
 
 
 def _bad(needed: bool) -> str:
     return "fail" if needed else "warn"
 
 
-def _version_tuple(text: str | None) -> tuple[int, ...] | None:
-    match = re.match(r"(\d+)\.(\d+)", str(text or ""))
-    return (int(match.group(1)), int(match.group(2))) if match else None
+def _major_minor(text: str | None) -> tuple[int, ...]:
+    return version_tuple(text)[:2]
 
 
 # --- checks: facts in, verdict out ------------------------------------------------------------------------------------
@@ -93,14 +104,14 @@ def check_cuda_versions(facts: dict, needs: dict) -> dict:
     needed = _needs_gpu_stack(needs)
     parts = [f"driver API {driver}", f"nvcc {nvcc or '-'}", f"torch CUDA {torch_cuda or '-'}"]
     problems, warnings = [], []
-    d = _version_tuple(driver)
+    d = _major_minor(driver)
     for label, version in (("torch's CUDA", torch_cuda), ("the CUDA toolkit (nvcc)", nvcc)):
-        v = _version_tuple(version)
+        v = _major_minor(version)
         if v and v[0] > d[0]:
             problems.append(f"{label} {version} is a newer major than the driver's {driver}")
         elif v and v > d:
             warnings.append(f"{label} {version} is newer than the driver's {driver} (PTX JIT may fail)")
-    n, t = _version_tuple(nvcc), _version_tuple(torch_cuda)
+    n, t = _major_minor(nvcc), _major_minor(torch_cuda)
     if n and t and n[0] != t[0]:
         problems.append(f"nvcc {nvcc} and torch's CUDA {torch_cuda} differ in major version: JIT extensions "
                         "(FlashInfer, sgl-kernel) refuse to build")
@@ -144,13 +155,13 @@ def check_flashinfer(facts: dict, needs: dict) -> dict:
     """FlashInfer importable and either prebuilt or able to JIT for this GPU's SM arch."""
     stack = facts["stack"]
     fi = stack.get("flashinfer", {})
-    needed = "sglang" in needs.get("engines", []) and int(needs.get("max_gpus", 0)) > 0
+    needed = bool(_engines_needing("flashinfer", needs)) and int(needs.get("max_gpus", 0)) > 0
     if "error" in facts["nvml"]:
         return check("flashinfer", "skipped", "no GPU")
     if "error" in fi:
         if not needed:
             return check("flashinfer", "skipped", f"not importable in {stack.get('python')} ({fi['error']}); "
-                         "no config uses SGLang on a GPU")
+                         f"no config uses {_labels_needing('flashinfer')} on a GPU")
         return check("flashinfer", "fail", f"not importable in {stack.get('python')} ({fi['error']})",
                      fix="pip install flashinfer-python (the build matching torch), or choose "
                          "--attention-backend triton/fa3 in the config's options", blocks=True)
@@ -179,8 +190,8 @@ def check_flash_attn(facts: dict, needs: dict) -> dict:
     """flash_attn availability: some vision towers warm up with it; its absence is a warning, not a blocker."""
     stack = facts["stack"]
     fa = stack.get("flash_attn", {})
-    if not any(e in GPU_ENGINES for e in needs.get("engines", [])) and "error" in fa:
-        return check("flash_attn", "skipped", "not installed; no config uses SGLang or vLLM")
+    if not _engines_needing("gpu_jit", needs) and "error" in fa:
+        return check("flash_attn", "skipped", f"not installed; no config uses {_labels_needing('gpu_jit')}")
     if "error" in fa:
         return check("flash_attn", "warn", f"not importable in {stack.get('python')} ({fa['error']}): multimodal "
                      "models whose vision tower uses it fail at warm-up",
@@ -303,9 +314,9 @@ def check_disk(facts: dict, needs: dict) -> dict:
 
 
 def check_engines(facts: dict, needs: dict) -> list[dict]:
-    """SGLang / vLLM / llama.cpp versions; an engine the sweep uses but this host lacks blocks."""
+    """Every engine's version; an engine the sweep uses but this host lacks blocks."""
     out = []
-    for engine in ALL_ENGINES:
+    for engine in (e.name for e in all_engines()):
         found = facts["engines"].get(engine, {})
         needed = engine in needs.get("engines", [])
         if found.get("version"):
@@ -370,8 +381,8 @@ def raise_for_blockers(result: dict) -> None:
 def gather_facts(needs: dict, engine_facts: list[dict], manifests: list[dict], root: Path = Path(".")) -> dict:
     """Ask this host everything the checks judge. Each probe records an ``error`` instead of raising."""
     prepared = {f.get("engine"): f for f in engine_facts}
-    stack_python = (prepared.get("sglang", {}).get("python") or prepared.get("vllm", {}).get("python")
-                    or sys.executable)
+    # The interpreter of a prepared Python engine holds the GPU stack that engine runs on.
+    stack_python = next((f["python"] for f in engine_facts if f.get("python")), sys.executable)
     nvml = probe_nvml()
     stack = probe_python_stack(stack_python, smoke=("error" not in nvml))
     return {"host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
@@ -486,7 +497,7 @@ def version(mod):
         return {"version": getattr(m, "__version__", "unknown")}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-for mod in ("triton", "flash_attn", "sglang", "vllm"):
+for mod in ("triton", "flash_attn", *ENGINE_MODULES):
     out[mod] = version(mod)
 out["torch"] = version("torch")
 if "version" in out["torch"]:
@@ -522,38 +533,28 @@ print(json.dumps(out))
 
 
 def probe_python_stack(python: str, smoke: bool, timeout_s: float = 600) -> dict:
-    """torch, Triton (+ a smoke compile), FlashInfer, flash_attn, SGLang and vLLM as seen by ``python``."""
+    """torch, Triton (+ a smoke compile), FlashInfer, flash_attn and every engine's ``host_needs.modules`` as seen by
+    ``python``."""
+    modules = _engine_modules()
     # Triton's @jit reads the kernel's source, so the probe runs from a file rather than `python -c`.
     with tempfile.TemporaryDirectory(prefix="servesweep-probe-") as tmp:
         script = Path(tmp) / "stack_probe.py"
-        script.write_text(_STACK_PROBE.replace("SMOKE", str(bool(smoke)), 1))
+        script.write_text(f"ENGINE_MODULES = {modules!r}\nSMOKE = {bool(smoke)}\n" + _STACK_PROBE)
         try:
             proc = subprocess.run([python, str(script)], capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
             return json.loads(proc.stdout.strip().splitlines()[-1])
         except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as exc:
             error = {"error": f"probe in {python} failed: {type(exc).__name__}"}
-    return {"python": python, **{m: dict(error) for m in ("triton", "flash_attn", "sglang", "vllm", "torch",
-                                                            "flashinfer")}}
+    return {"python": python, **{m: dict(error) for m in ("triton", "flash_attn", *modules, "torch", "flashinfer")}}
+
+
+def _engine_modules() -> tuple[str, ...]:
+    return tuple(m for e in all_engines() for m in e.host_needs.modules)
 
 
 def probe_engines(prepared: dict, stack: dict) -> dict:
-    """Engine versions: prepared facts first, then the Python stack, then ``llama-server --version`` on PATH."""
-    engines = {}
-    for engine in ("sglang", "vllm"):
-        engines[engine] = ({"version": prepared[engine].get("version")} if prepared.get(engine, {}).get("version")
-                           else stack.get(engine, {}))
-    if prepared.get("llamacpp", {}).get("version"):
-        engines["llamacpp"] = {"version": prepared["llamacpp"]["version"], "binary": prepared["llamacpp"].get("binary")}
-    elif binary := shutil.which("llama-server"):
-        try:
-            out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
-            line = next((l for l in (out.stdout + out.stderr).splitlines() if l.startswith("version")), None)
-            engines["llamacpp"] = {"version": line, "binary": binary} if line else {"error": "no version line"}
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            engines["llamacpp"] = {"error": f"{type(exc).__name__}"}
-    else:
-        engines["llamacpp"] = {"error": "llama-server not on PATH and not prepared"}
-    return engines
+    """Each engine's version as its ``host_version`` finds it: prepared facts first, then its own probe."""
+    return {e.name: e.host_version(prepared.get(e.name) or {}, stack) for e in all_engines()}
 
 
 def probe_disk(root: Path, needs: dict, manifests: list[dict]) -> dict:

@@ -5,19 +5,12 @@ through :mod:`servesweep.download` (aria2c). A complete model is never fetched o
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
 from pathlib import Path
 
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+from servesweep.download import fetch, sha256_file
 
 
 def _file_entry(path: Path, root: Path, with_hash: bool = True) -> dict:
@@ -64,9 +57,7 @@ def materialise(name: str, model: dict, dest_dir: Path, log=None) -> dict:
             files = [_file_entry(p, path, with_hash=False) for p in sorted(path.rglob("*")) if p.is_file()]
         manifest.update(path=str(path), revision=None, files=files)
     else:
-        from servesweep import download
-
-        manifest.update(download.fetch(name, model, dest_dir, log=log))
+        manifest.update(fetch(name, model, dest_dir, log=log))
     return manifest
 
 

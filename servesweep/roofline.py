@@ -30,7 +30,6 @@ BANDWIDTH_GB_S_BY_NAME = {
     "L4": 300.0,
     "A10G": 600.0,
 }
-ARCHITECTURE_KEYS = ("parameters_b", "active_parameters_b", "weight_bits", "kv_bytes_per_token")
 
 
 def gpu_bandwidth_gb_s(gpu: dict) -> tuple[float | None, str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import math
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from servesweep.clock import now
+from servesweep.numeric import mean_or_nan
 
 RAPL_ROOT = Path("/sys/class/powercap")
 DEFAULT_INTERVAL_S = 0.05
@@ -125,9 +125,6 @@ def energy_per_token(row: dict) -> dict:
             out[f"output_tokens_per_{prefix}_j"] = tokens / joules
     return out
 
-
-def _mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else math.nan
 
 
 @dataclass
@@ -298,7 +295,8 @@ class Telemetry:
     def sample(self) -> list[dict]:
         """One reading of every GPU plus the CPU, as telemetry.csv rows (``gpu`` -1 is the CPU row)."""
         cores = psutil.cpu_percent(None, percpu=True)
-        rows = [{"t": now(), "gpu": -1, "cpu_util_pct": _mean(cores), "cpu_max_core_pct": max(cores, default=None)}]
+        rows = [{"t": now(), "gpu": -1, "cpu_util_pct": mean_or_nan(cores),
+                 "cpu_max_core_pct": max(cores, default=None)}]
         nv = self.nvml
         for gpu in self._gpus:
             h = gpu.handle
@@ -357,8 +355,9 @@ class Telemetry:
             window = [s for s in self._samples if begin["t0"] <= s["t"] <= t1]
         cpu = [s for s in window if s["gpu"] == -1]
         out: dict = {"gpu_telemetry": "nvml" if self._gpus else NO_GPU,
-                     "cpu_util_pct": _mean([s["cpu_util_pct"] for s in cpu]),
-                     "cpu_max_core_pct": _mean([s["cpu_max_core_pct"] for s in cpu if s["cpu_max_core_pct"] is not None])}
+                     "cpu_util_pct": mean_or_nan([s["cpu_util_pct"] for s in cpu]),
+                     "cpu_max_core_pct": mean_or_nan([s["cpu_max_core_pct"] for s in cpu
+                                                      if s["cpu_max_core_pct"] is not None])}
         if rapl is not None and begin["rapl0"] is not None:
             delta = rapl - begin["rapl0"]
             if delta < 0:  # counter wrapped
@@ -377,7 +376,7 @@ class Telemetry:
             source = "instant" if "power_instant" not in gpu.unsupported else "1-s average"
             key = "power_instant_w" if source == "instant" else "power_avg_w"
             watts = [s[key] for s in rows if s[key] is not None]
-            mean_w = _mean(watts)
+            mean_w = mean_or_nan(watts)
             integrated = mean_w * duration_s
             e0, e1 = begin["energy0"].get(gpu.index), energy1.get(gpu.index)
             if e0 is not None and e1 is not None and e1 > e0:
@@ -390,17 +389,17 @@ class Telemetry:
                 "index": gpu.index, "energy_j": energy, "energy_source": energy_source, "integrated_j": integrated,
                 "mean_w": mean_w, "max_w": max(watts) if watts else math.nan, "limit_w": gpu.power_limit_w,
                 "source": source, "samples": len(rows),
-                "util": _mean([s["gpu_util_pct"] for s in rows if s["gpu_util_pct"] is not None]),
-                "mem_util": _mean([s["mem_util_pct"] for s in rows if s["mem_util_pct"] is not None]),
-                "sm_clock": _mean([s["sm_clock_mhz"] for s in rows if s["sm_clock_mhz"] is not None]),
-                "mem_clock": _mean([s["mem_clock_mhz"] for s in rows if s["mem_clock_mhz"] is not None]),
+                "util": mean_or_nan([s["gpu_util_pct"] for s in rows if s["gpu_util_pct"] is not None]),
+                "mem_util": mean_or_nan([s["mem_util_pct"] for s in rows if s["mem_util_pct"] is not None]),
+                "sm_clock": mean_or_nan([s["sm_clock_mhz"] for s in rows if s["sm_clock_mhz"] is not None]),
+                "mem_clock": mean_or_nan([s["mem_clock_mhz"] for s in rows if s["mem_clock_mhz"] is not None]),
                 "temp_max": max((s["temp_c"] for s in rows if s["temp_c"] is not None), default=math.nan),
                 "mem_used_max": max((s["mem_used_mib"] for s in rows if s["mem_used_mib"] is not None),
                                     default=math.nan),
                 "gpm": self._gpm_metrics(gpu),
             })
-        limit = _mean([g["limit_w"] for g in per_gpu if not math.isnan(g["limit_w"])])
-        mean_w = _mean([g["mean_w"] for g in per_gpu if not math.isnan(g["mean_w"])])
+        limit = mean_or_nan([g["limit_w"] for g in per_gpu if not math.isnan(g["limit_w"])])
+        mean_w = mean_or_nan([g["mean_w"] for g in per_gpu if not math.isnan(g["mean_w"])])
         max_w = max((g["max_w"] for g in per_gpu if not math.isnan(g["max_w"])), default=math.nan)
         out = {
             "gpu_count": len(per_gpu),
@@ -413,19 +412,19 @@ class Telemetry:
             "gpu_power_mean_pct_limit": 100 * mean_w / limit if limit else math.nan,
             "gpu_power_max_pct_limit": 100 * max_w / limit if limit else math.nan,
             "gpu_power_source": "; ".join(sorted({g["source"] for g in per_gpu})),
-            "gpu_util_pct": _mean([g["util"] for g in per_gpu if not math.isnan(g["util"])]),
-            "gpu_mem_util_pct": _mean([g["mem_util"] for g in per_gpu if not math.isnan(g["mem_util"])]),
-            "gpu_sm_clock_mhz": _mean([g["sm_clock"] for g in per_gpu if not math.isnan(g["sm_clock"])]),
-            "gpu_mem_clock_mhz": _mean([g["mem_clock"] for g in per_gpu if not math.isnan(g["mem_clock"])]),
+            "gpu_util_pct": mean_or_nan([g["util"] for g in per_gpu if not math.isnan(g["util"])]),
+            "gpu_mem_util_pct": mean_or_nan([g["mem_util"] for g in per_gpu if not math.isnan(g["mem_util"])]),
+            "gpu_sm_clock_mhz": mean_or_nan([g["sm_clock"] for g in per_gpu if not math.isnan(g["sm_clock"])]),
+            "gpu_mem_clock_mhz": mean_or_nan([g["mem_clock"] for g in per_gpu if not math.isnan(g["mem_clock"])]),
             "gpu_temp_max_c": max((g["temp_max"] for g in per_gpu), default=math.nan),
             "gpu_mem_used_max_mib": max((g["mem_used_max"] for g in per_gpu), default=math.nan),
-            "gpu_sample_hz": _mean([g["samples"] / duration_s for g in per_gpu]) if duration_s > 0 else math.nan,
+            "gpu_sample_hz": mean_or_nan([g["samples"] / duration_s for g in per_gpu]) if duration_s > 0 else math.nan,
         }
         unsupported = []
         for column in GPM_METRICS:
             values = [g["gpm"][column] for g in per_gpu if isinstance(g["gpm"][column], float)]
             reasons = sorted({g["gpm"][column] for g in per_gpu if isinstance(g["gpm"][column], str)})
-            out[column] = _mean(values) if values and not reasons else math.nan
+            out[column] = mean_or_nan(values) if values and not reasons else math.nan
             if reasons:
                 unsupported.append(f"{column}: {'; '.join(reasons)}")
         out["gpm_unsupported"] = " | ".join(unsupported)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator
 
-from servesweep.llamacpp_build import cache_root
+from servesweep.cache import cache_root
 
 REAL_TEXT_WORKLOADS = ("sharegpt", "humaneval")
 ALL_WORKLOADS = ("synthetic",) + REAL_TEXT_WORKLOADS

@@ -12,10 +12,11 @@ from conftest import loopback_app
 
 from servesweep.config import ServerConfig
 from servesweep.engines import get_engine
-from servesweep.engines.sglang import build_argv, flag_problems, server_identity
-from servesweep.engines.sglang_flags import fields_from_log, flags_from_source, load_snapshot
+from servesweep.engines.sglang import flag_problems, server_identity
+from servesweep.engines.sglang_flags import fields_from_log, flags_from_source
 
 DATA = Path(__file__).parent / "data" / "sglang-0.5.17-h200"
+SNAPSHOTS = Path(__file__).parent / "data"
 ENGINE = get_engine("sglang")
 MODEL = {"source": {"local": "/m"}, "format": "hf", "load_format": "auto"}
 
@@ -27,8 +28,15 @@ def _config(options, gpus=8, **model):
 
 
 def _problems(options, gpus=8):
-    cfg = _config(options, gpus)
-    return ENGINE.config_problems("c", cfg["server_configs"]["c"], cfg["models"]["m"], cfg)
+    return ENGINE.config_problems(ServerConfig.from_config("c", _config(options, gpus)), host_gpus=gpus)
+
+
+def build_argv(options, version):
+    return ENGINE.option_argv(options, version=version)
+
+
+def load_snapshot(version):
+    return json.loads((SNAPSHOTS / f"sglang-flags-{version}.json").read_text())
 
 
 EVERY_KEY = {
@@ -108,10 +116,10 @@ def test_accepted_layouts_and_unknown_host():
 
 def test_dflash_cap_warning():
     cfg = _config({"tp": 8, "speculative_algorithm": "DFLASH", "speculative_draft_model": "d"})
-    warnings = ENGINE.config_warnings("c", cfg["server_configs"]["c"], cfg["models"]["m"], cfg)
+    warnings = ENGINE.config_warnings(ServerConfig.from_config("c", cfg))
     assert len(warnings) == 1 and "48" in warnings[0] and "max_running_requests" in warnings[0]
     cfg["server_configs"]["c"]["options"]["max_running_requests"] = 128
-    assert ENGINE.config_warnings("c", cfg["server_configs"]["c"], cfg["models"]["m"], cfg) == []
+    assert ENGINE.config_warnings(ServerConfig.from_config("c", cfg)) == []
 
 
 def test_kimi_config_validates():

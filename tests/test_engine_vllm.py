@@ -4,7 +4,6 @@ from pathlib import Path
 
 from servesweep.config import ServerConfig
 from servesweep.engines import get_engine
-from servesweep.engines.vllm import build_argv
 
 ENGINE = get_engine("vllm")
 
@@ -15,8 +14,7 @@ def _config(options, gpus=8, **model):
 
 
 def _problems(options, gpus=8):
-    cfg = _config(options, gpus)
-    return ENGINE.config_problems("c", cfg["server_configs"]["c"], cfg["models"]["m"], cfg)
+    return ENGINE.config_problems(ServerConfig.from_config("c", _config(options, gpus)), host_gpus=gpus)
 
 
 def test_argv_every_key():
@@ -24,7 +22,7 @@ def test_argv_every_key():
             "speculative_config": {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3},
             "gpu_memory_utilization": 0.9, "max_model_len": 16384, "max_num_seqs": 128, "enforce_eager": True,
             "trust_remote_code": True}
-    assert build_argv(opts) == [
+    assert ENGINE.option_argv(opts) == [
         "--tensor-parallel-size", "8", "--pipeline-parallel-size", "1", "--data-parallel-size", "1",
         "--enable-expert-parallel", "--speculative-config",
         '{"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}', "--gpu-memory-utilization", "0.9",

@@ -230,11 +230,16 @@ def test_nvls_configs_are_found_by_option_flag_and_env():
 def test_sweeps_ask_for_nvls_only_where_meant():
     from pathlib import Path
 
-    from servesweep.config import load_config
+    import yaml
+
+    from servesweep.config import check_config
+
+    def validated(path):
+        return check_config(yaml.safe_load(path.read_text()))
 
     root = Path(__file__).resolve().parent.parent / "config"
-    assert envcheck.nvls_configs(load_config(root / "8xh200-kimi-shape.yaml")["server_configs"]) == []
-    assert envcheck.nvls_configs(load_config(root / "kimi-k26-8gpu.yaml")["server_configs"]) == ["tp8-nvls-on"]
+    assert envcheck.nvls_configs(validated(root / "8xh200-kimi-shape.yaml")["server_configs"]) == []
+    assert envcheck.nvls_configs(validated(root / "kimi-k26-8gpu.yaml")["server_configs"]) == ["tp8-nvls-on"]
 
 
 def test_disk():

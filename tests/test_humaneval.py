@@ -4,9 +4,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
-from servesweep.config import SCHEMA_PATH
+from servesweep.config import schema as config_schema
 from servesweep.correctness import humaneval
 from servesweep.correctness.extract import extract
 from servesweep.correctness.job import CorrectnessOutputs, CorrectnessSettings, run_correctness, skip_reason
@@ -69,7 +68,7 @@ def test_every_canonical_solution_survives_extraction():
 
 
 def test_settings_defaults_match_the_schema():
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["correctness"]["properties"]
+    schema = config_schema()["properties"]["correctness"]["properties"]
     defaults = CorrectnessSettings.from_config({})
     assert defaults.enabled == schema["enabled"]["default"]
     coding, check = schema["coding_eval"]["properties"], schema["lossless"]["properties"]

@@ -17,6 +17,18 @@ from servesweep.lifecycle import ServerProcess, ServerStartError, free_port, por
 FAKE = Path(__file__).parent / "data" / "fake_server.py"
 
 
+class PlainServer(Engine):
+    """The fake server as an engine: the base class's OpenAI-compatible readiness and identity, nothing else."""
+
+    name = label = "fake"
+
+    def prepare(self, settings, log):
+        return {}
+
+    def launch(self, sc, model_path, port, prepared):
+        return spec()
+
+
 def sc(**kw):
     base = dict(name="fake", engine="fake", model_name="fake-model", model={}, stop_grace_s=1.0)
     base.update(kw)
@@ -42,7 +54,7 @@ def group_gone(pgid, timeout=5.0):
 def test_ready_then_clean_stop(tmp_path):
     server = ServerProcess(spec(), tmp_path / "server.log", stop_grace_s=1.0)
     with server:
-        facts = asyncio.run(wait_until_ready(server, Engine(), sc(), timeout_s=20, poll_s=0.1))
+        facts = asyncio.run(wait_until_ready(server, PlainServer(), sc(), timeout_s=20, poll_s=0.1))
         assert facts["health_transitions"][-1]["status"] == "200"
         # The fake server answers 503 for its first 0.5 s; polled every 0.1 s, the wait must have seen it.
         assert "503" in [t["status"] for t in facts["health_transitions"]]
@@ -55,7 +67,7 @@ def test_ready_then_clean_stop(tmp_path):
 def test_stubborn_server_is_killed(tmp_path):
     server = ServerProcess(spec("ignore-term"), tmp_path / "server.log", stop_grace_s=0.5)
     with server:
-        asyncio.run(wait_until_ready(server, Engine(), sc(), timeout_s=20, poll_s=0.1))
+        asyncio.run(wait_until_ready(server, PlainServer(), sc(), timeout_s=20, poll_s=0.1))
         pgid = server.proc.pid
         t0 = time.monotonic()
     assert group_gone(pgid), "child that ignores SIGTERM must be KILLed with the group"
@@ -66,7 +78,7 @@ def test_stubborn_server_is_killed(tmp_path):
 def test_crash_reports_last_log_lines(tmp_path):
     server = ServerProcess(spec("crash"), tmp_path / "server.log")
     with server, pytest.raises(ServerStartError) as info:
-        asyncio.run(wait_until_ready(server, Engine(), sc(), timeout_s=20, poll_s=0.1))
+        asyncio.run(wait_until_ready(server, PlainServer(), sc(), timeout_s=20, poll_s=0.1))
     assert "exited with code 3" in str(info.value)
     assert "could not load model" in str(info.value)
 
@@ -76,14 +88,14 @@ def test_startup_timeout_names_the_key(tmp_path):
     server = ServerProcess(LaunchSpec([sys.executable, "-c", "import time; print('loading', flush=True); "
                                                              "time.sleep(60)"], port=port), tmp_path / "s.log")
     with server, pytest.raises(ServerStartError) as info:
-        asyncio.run(wait_until_ready(server, Engine(), sc(), timeout_s=1.0, poll_s=0.1))
+        asyncio.run(wait_until_ready(server, PlainServer(), sc(), timeout_s=1.0, poll_s=0.1))
     assert "ready_timeout_s" in str(info.value) and "loading" in str(info.value)
 
 
 def test_identity_mismatch_refused(tmp_path):
     server = ServerProcess(spec("wrong-model"), tmp_path / "server.log", stop_grace_s=1.0)
     with server, pytest.raises(ServerStartError) as info:
-        asyncio.run(wait_until_ready(server, Engine(), sc(), timeout_s=20, poll_s=0.1))
+        asyncio.run(wait_until_ready(server, PlainServer(), sc(), timeout_s=20, poll_s=0.1))
     assert "does not match" in str(info.value)
 
 
@@ -91,7 +103,7 @@ def test_exception_in_job_stops_server(tmp_path):
     server = ServerProcess(spec(), tmp_path / "server.log", stop_grace_s=1.0)
     with pytest.raises(RuntimeError):
         with server:
-            asyncio.run(wait_until_ready(server, Engine(), sc(), timeout_s=20, poll_s=0.1))
+            asyncio.run(wait_until_ready(server, PlainServer(), sc(), timeout_s=20, poll_s=0.1))
             pgid = server.proc.pid
             raise RuntimeError("job failed mid-matrix")
     assert group_gone(pgid)
@@ -105,13 +117,12 @@ def test_sigterm_to_job_stops_server(tmp_path):
         import asyncio, sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
         sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-        from test_lifecycle import spec, sc
-        from servesweep.engines.base import Engine
+        from test_lifecycle import PlainServer, spec, sc
         from servesweep.lifecycle import ServerProcess, wait_until_ready
         s = spec("ignore-term")
         server = ServerProcess(s, {str(tmp_path / 'server.log')!r}, stop_grace_s=0.5)
         with server:
-            asyncio.run(wait_until_ready(server, Engine(), sc(), timeout_s=20, poll_s=0.1))
+            asyncio.run(wait_until_ready(server, PlainServer(), sc(), timeout_s=20, poll_s=0.1))
             open({str(pidfile)!r}, "w").write(f"{{server.proc.pid}} {{s.port}}")
             time.sleep(60)
     """)

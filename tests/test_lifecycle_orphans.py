@@ -146,12 +146,12 @@ def test_clean_stop_removes_the_record_and_the_watchdog(tmp_path):
 
 
 def _llama_server_ready() -> bool:
-    from servesweep.llamacpp_build import binary_path
+    from servesweep.engines.llamacpp_build import binary_path
 
     return binary_path().exists()
 
 
-@pytest.mark.skipif(not _llama_server_ready(), reason="llama-server not built yet: python3 -m servesweep.llamacpp_build")
+@pytest.mark.skipif(not _llama_server_ready(), reason="llama-server not built yet: python3 -m servesweep.engines.llamacpp_build")
 def test_sigkilled_bench_job_leaves_no_llama_server(tmp_path):
     """The real embedded default: a job that launches llama-server with Gemma-3-270M is SIGKILLed mid-run."""
     records = tmp_path / "servers"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from servesweep.lifecycle import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue")
@@ -50,12 +51,6 @@ def _install_slurm() -> None:
                    check=True, env=env)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _node_line(node: str) -> str:
     """This host as slurmd sees it (CPUs, sockets, memory), so the node is not drained for a mismatch."""
     out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout
@@ -69,7 +64,7 @@ def _slurm_conf(base: Path, node: str, ctld_port: int, munge_socket: Path) -> st
         "ClusterName=servesweep-test",
         f"SlurmctldHost={node}(127.0.0.1)",
         f"SlurmctldPort={ctld_port}",
-        f"SlurmdPort={_free_port()}",
+        f"SlurmdPort={free_port()}",
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
@@ -159,7 +154,7 @@ def slurm_cluster(tmp_path_factory, request):
     key.chmod(0o400)
     (base / "etc").mkdir()
     conf = base / "etc" / "slurm.conf"
-    conf.write_text(_slurm_conf(base, node, _free_port(), munge_socket))
+    conf.write_text(_slurm_conf(base, node, free_port(), munge_socket))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     daemons: dict[str, subprocess.Popen] = {}
     created_run_dir = False
@@ -203,7 +198,7 @@ def _copy_repo(dest: Path) -> Path:
 
 def _flaky_llama_server(path: Path, marker_env: str) -> Path:
     """llama-server that refuses to start once for a server whose environment names a marker file, then is itself."""
-    from servesweep.llamacpp_build import build_llama_server
+    from servesweep.engines.llamacpp_build import build_llama_server
 
     real = build_llama_server()
     path.write_text("\n".join([

@@ -1,12 +1,17 @@
 """The one interface every engine implements. Engine differences live only in the engine modules."""
 from __future__ import annotations
 
+import abc
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
+
+if TYPE_CHECKING:  # type names only: the config module imports the registry at run time
+    from servesweep.config import Matrix, ServerConfig
 
 # Per-cell speculative-decoding columns every engine's ``cell_metrics`` returns. NaN: the engine does not report the
 # quantity (so nothing can be said); 0: it reports it and the cell had none.
@@ -53,52 +58,143 @@ class LogEvent:
     rank: str = ""
 
 
-class Engine:
-    """Base class. Subclasses override what differs; defaults suit an OpenAI-compatible server."""
+Problem = tuple[str, str, str]  # (config key, what is wrong, what to change)
 
-    name = "base"
-    label = "server"  # how messages name the engine
+
+@dataclass(frozen=True)
+class HostNeeds:
+    """What the host check probes for an engine.
+
+    ``modules``: Python modules imported in the engine's interpreter (their ``__version__`` is the engine's version
+    when it was not prepared); ``gpu_jit``: the engine JIT-compiles Triton kernels on the GPU, so Python headers,
+    Triton, the CUDA toolkit and flash_attn matter; ``flashinfer``: its GPU kernels come from FlashInfer.
+    """
+
+    modules: tuple[str, ...] = ()
+    gpu_jit: bool = False
+    flashinfer: bool = False
+
+
+class Engine(abc.ABC):
+    """One inference server. Subclasses say what differs; defaults suit an OpenAI-compatible server.
+
+    Every method that concerns one server configuration takes a :class:`servesweep.config.ServerConfig`; callers
+    holding the raw config dict convert with ``ServerConfig.from_config(name, config)``.
+    """
+
+    name: str = ""
+    label: str = ""  # how messages name the engine
     health_path = "/health"
     metrics_path: str | None = "/metrics"
+    # structured option -> (flag, kind). kind: value | flag (switch when true) | onoff | json | special
+    # (``special_argv`` spells it).
+    options: dict[str, tuple[str, str]] = {}
+    positive_int_options: tuple[str, ...] = ()
+    bool_options: tuple[str, ...] = ()
+    host_needs = HostNeeds()
+    # The JSON body of POST /tokenize: (text field, "add special tokens" field); special tokens are never added.
+    tokenize_fields = ("prompt", "add_special_tokens")
 
     # --- configuration -----------------------------------------------------------------------------------------
-    def config_problems(self, name: str, sc: dict, model: dict, config: dict) -> list[tuple[str, str, str]]:
-        """Engine-specific config checks as (key, problem, fix); run before any server starts."""
-        return []
+    def config_problems(self, sc: ServerConfig, matrix: Matrix | None = None,
+                        host_gpus: int | None = None) -> list[Problem]:
+        """Every problem of one server config, run before any server starts: unknown or mistyped options first (the
+        engine's own checks assume well-typed values), then the engine's checks against the sweep's ``matrix``, then
+        the GPUs it needs against ``host_gpus`` (None: the host's count is not stated)."""
+        problems = self.option_problems(sc)
+        if problems:
+            return problems
+        problems = self.engine_problems(sc, matrix)
+        world = self.world_size(sc.options)
+        if host_gpus is not None and world > host_gpus:
+            problems.append((f"server_configs.{sc.name}.options",
+                             f"needs {world} GPUs ({self.world_size_terms(sc.options)}) but host.gpus is {host_gpus}",
+                             "lower the parallelism or run on a host with more GPUs"))
+        return problems
 
-    def option_problems(self, name: str, opts: dict, known, positive_ints=(), bools=()) -> list[tuple[str, str, str]]:
+    def option_problems(self, sc: ServerConfig) -> list[Problem]:
         """Unknown option keys and wrongly typed values of ``server_configs.<name>.options``."""
-        key = f"server_configs.{name}.options"
+        key, opts = f"server_configs.{sc.name}.options", sc.options
         problems = [(f"{key}.{k}", f"is not one of the {self.label} options servesweep knows",
-                     f"use one of {sorted(known)}, or pass the flag through extra_args") for k in opts if k not in known]
-        for k in positive_ints:
+                     f"use one of {sorted(self.options)}, or pass the flag through extra_args")
+                    for k in opts if k not in self.options]
+        for k in self.positive_int_options:
             if k in opts and (isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < 1):
-                problems.append((f"{key}.{k}", f"must be a positive integer, got {opts[k]!r}", "give a whole number ≥ 1"))
-        for k in bools:
+                problems.append((f"{key}.{k}", f"must be a positive integer, got {opts[k]!r}",
+                                 "give a whole number ≥ 1"))
+        for k in self.bool_options:
             if k in opts and not isinstance(opts[k], bool):
                 problems.append((f"{key}.{k}", f"must be true or false, got {opts[k]!r}", "write true or false"))
         return problems
 
-    def config_warnings(self, name: str, sc: dict, model: dict, config: dict) -> list[str]:
+    def engine_problems(self, sc: ServerConfig, matrix: Matrix | None) -> list[Problem]:
+        """The engine's own checks of a config whose options are known and well typed."""
+        return []
+
+    def config_warnings(self, sc: ServerConfig) -> list[str]:
         """Non-fatal notes (e.g. a silent server-side cap) shown in the job log and the report."""
         return []
 
     def world_size(self, options: dict) -> int:
-        """Accelerators one server of this config occupies."""
+        """Accelerators one server with these structured options occupies."""
         return 0
+
+    def world_size_terms(self, options: dict) -> str:
+        """How ``world_size`` was reached, for messages (e.g. 'tp 8 × pp 2')."""
+        return "from its options"
 
     def speculation_requested(self, options: dict) -> str | None:
         """The speculative-decoding method a config's structured options ask for, or None when they ask for none."""
         return None
 
     # --- preparation and launch --------------------------------------------------------------------------------
+    @abc.abstractmethod
     def prepare(self, settings: dict, log) -> dict:
         """Make the engine runnable on this host (build or locate it); return facts such as binary and version."""
-        raise NotImplementedError
 
-    def launch(self, sc, model_path: Path, port: int, prepared: dict) -> LaunchSpec:
+    @abc.abstractmethod
+    def launch(self, sc: ServerConfig, model_path: Path, port: int, prepared: dict) -> LaunchSpec:
         """argv and env for one server of config ``sc``."""
-        raise NotImplementedError
+
+    def option_argv(self, options: dict, **context) -> list[str]:
+        """Flags for the structured options (no model, host or port), in the order given."""
+        argv: list[str] = []
+        for key, value in options.items():
+            flag, kind = self.options[key]
+            if kind == "flag":
+                if value:
+                    argv.append(flag)
+            elif kind == "onoff":
+                argv += [flag, "on" if value in (True, "on") else "off"]
+            elif kind == "json":
+                argv += [flag, json.dumps(value, sort_keys=True)]
+            elif kind == "special":
+                argv += self.special_argv(key, value, **context)
+            else:
+                argv += [flag, str(value)]
+        return argv
+
+    def special_argv(self, key: str, value, **context) -> list[str]:
+        """Flags of an option of kind ``special`` (spelling that depends on the value or the engine version)."""
+        raise NotImplementedError(f"{self.label} option {key} is marked special but has no spelling")
+
+    # --- host requirements and report ---------------------------------------------------------------------------
+    def host_version(self, prepared: dict, stack: dict) -> dict:
+        """``{"version": ...}`` (plus facts such as a binary) for the host check, or ``{"error": ...}``.
+
+        ``prepared``: this engine's facts from ``prepare`` (empty when it was not prepared); ``stack``: what the
+        Python-stack probe found per module of ``host_needs.modules``.
+        """
+        if prepared.get("version"):
+            return {"version": prepared["version"]}
+        for module in self.host_needs.modules:
+            return dict(stack.get(module) or {"error": f"{module} was not probed"})
+        return {"error": f"{self.label} was not prepared"}
+
+    def findings(self, cells, metas: list[dict]) -> list[str]:
+        """Finding lines (markdown bullets) about this engine's own behaviour, from the cell table (a pandas
+        DataFrame with this engine's rows) and its runs' ``meta.json`` records; none by default."""
+        return []
 
     # --- readiness and identity --------------------------------------------------------------------------------
     async def health(self, session: aiohttp.ClientSession, base_url: str) -> tuple[bool, str]:
@@ -110,7 +206,7 @@ class Engine:
         except aiohttp.ClientError as exc:
             return False, f"{type(exc).__name__}: {exc}"
 
-    async def identity(self, session: aiohttp.ClientSession, base_url: str, sc) -> tuple[dict, list[str]]:
+    async def identity(self, session: aiohttp.ClientSession, base_url: str, sc: ServerConfig) -> tuple[dict, list[str]]:
         """(facts the server reports about itself, mismatches against the config)."""
         async with session.get(base_url + "/v1/models") as resp:
             data = await resp.json(content_type=None)
@@ -119,17 +215,21 @@ class Engine:
         return {"models": ids}, problems
 
     async def tokenize(self, session: aiohttp.ClientSession, base_url: str, text: str) -> list[int]:
-        raise NotImplementedError
+        """Token ids of ``text`` from the server's own tokenizer, without special tokens."""
+        text_field, special_field = self.tokenize_fields
+        async with session.post(base_url + "/tokenize", json={text_field: text, special_field: False}) as resp:
+            resp.raise_for_status()
+            return (await resp.json(content_type=None))["tokens"]
 
     async def flush_cache(self, session: aiohttp.ClientSession, base_url: str) -> bool:
         """Drop the server's prefix cache where the engine offers it; False when it does not."""
         return False
 
-    def needs_client_warmup(self, sc) -> bool:
+    def needs_client_warmup(self, sc: ServerConfig) -> bool:
         """True when the config tells the server to skip its own warm-up, so the client must warm it up."""
         return False
 
-    def request_fields(self, sc) -> dict:
+    def request_fields(self, sc: ServerConfig) -> dict:
         """Extra JSON fields for /v1/completions that force a fixed output length."""
         return {"ignore_eos": True}
 
@@ -139,6 +239,7 @@ class Engine:
 
     # --- logs and metrics --------------------------------------------------------------------------------------
     def parse_log(self, text: str) -> list[LogEvent]:
+        """Events of a server log; none when the engine's log is not parsed."""
         return []
 
     def startup_phases(self, events: list[LogEvent]) -> dict:

@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
-import aiohttp
-
 from servesweep import promtext
-from servesweep.config import Matrix
+from servesweep.engines import llamacpp_build
 from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_counter_columns
 
-# structured option -> (flag, kind). kind: value | flag (bool switch) | onoff
+# structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
     "parallel": ("--parallel", "value"),
     "ctx_size": ("--ctx-size", "value"),
@@ -59,35 +58,43 @@ METRIC_DECODE_CALLS = "llamacpp:n_decode_total"
 _MODEL_LOADED = re.compile(r"model loaded|server is listening", re.I)
 
 
+def reported_version(binary: str | Path) -> str | None:
+    """The ``version: …`` line ``llama-server --version`` prints (to stderr in this build); None without one."""
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    return next((l for l in (out.stdout + out.stderr).splitlines() if l.startswith("version")), None)
+
+
 class LlamaCppEngine(Engine):
     name = "llamacpp"
     label = "llama.cpp"
+    options = OPTIONS
+    positive_int_options = ("parallel", "ctx_size", "threads")
+    tokenize_fields = ("content", "add_special")
 
-    def config_problems(self, name, sc, model, config):
-        opts = sc.get("options", {})
-        problems = self.option_problems(name, opts, OPTIONS, positive_ints=("parallel", "ctx_size", "threads"))
+    def engine_problems(self, sc, matrix):
+        opts, key = sc.options, f"server_configs.{sc.name}.options"
+        problems = []
         if "spec_type" in opts:
             types = str(opts["spec_type"]).split(",")
             bad = [t for t in types if t not in SPEC_TYPES]
             if bad:
-                problems.append((f"server_configs.{name}.options.spec_type", f"unknown speculative type(s) {bad}",
+                problems.append((f"{key}.spec_type", f"unknown speculative type(s) {bad}",
                                  f"use one of {sorted(SPEC_TYPES)}"))
             if "draft" in types and "draft_model" not in opts:
-                problems.append((f"server_configs.{name}.options.draft_model", "spec_type 'draft' needs a draft model",
+                problems.append((f"{key}.draft_model", "spec_type 'draft' needs a draft model",
                                  "set options.draft_model to a GGUF path"))
-        if model.get("format") != "gguf":
-            problems.append((f"models.{sc.get('model')}.format", "llama.cpp serves GGUF files only",
+        if sc.model.get("format") != "gguf":
+            problems.append((f"models.{sc.model_name}.format", "llama.cpp serves GGUF files only",
                              "point this config at a model with format: gguf"))
-        matrix = config.get("matrix", {})
-        if "ctx_size" in opts and isinstance(opts["ctx_size"], int) and matrix.get("context_lengths"):
-            per_slot = opts["ctx_size"] // max(1, int(opts.get("parallel", 1))) if not opts.get("kv_unified") \
-                else opts["ctx_size"]
-            need = Matrix.from_config(matrix).longest_prompt() + matrix.get("output_tokens", 0) + 16
+        if "ctx_size" in opts and matrix is not None:
+            slots = max(1, int(opts.get("parallel", 1)))
+            per_slot = opts["ctx_size"] if opts.get("kv_unified") else opts["ctx_size"] // slots
+            need = matrix.longest_prompt() + matrix.output_tokens + 16
             if per_slot < need:
-                problems.append((f"server_configs.{name}.options.ctx_size",
+                problems.append((f"{key}.ctx_size",
                                  f"{opts['ctx_size']} tokens over {opts.get('parallel', 1)} slots leaves {per_slot} per "
                                  f"request, but the matrix needs {need} (longest prompt + output tokens)",
-                                 f"raise ctx_size to at least {need * max(1, int(opts.get('parallel', 1)))}"))
+                                 f"raise ctx_size to at least {need * slots}"))
         return problems
 
     def world_size(self, options):
@@ -100,9 +107,10 @@ class LlamaCppEngine(Engine):
         # A draft model without --spec-type: llama-server infers the type from the draft GGUF.
         return "draft" if options.get("draft_model") and "spec_type" not in options else None
 
-    def prepare(self, settings, log):
-        from servesweep import llamacpp_build
+    def world_size_terms(self, options):
+        return "n_gpu_layers ≠ 0"
 
+    def prepare(self, settings, log):
         binary = settings.get("binary")
         version = settings.get("version", llamacpp_build.DEFAULT_VERSION)
         if binary:
@@ -112,24 +120,13 @@ class LlamaCppEngine(Engine):
                                         "llama-server or remove the key to let servesweep build it")
         else:
             path = llamacpp_build.build_llama_server(version, settings.get("flavour", "cpu"), log=log)
-        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
-        reported = (out.stdout + out.stderr).strip().splitlines()
         return {"engine": self.name, "binary": str(path), "llama_cpp_python_sdist": version,
-                "version": next((l for l in reported if l.startswith("version")), " ".join(reported[:1]))}
+                "version": reported_version(path)}
 
     def launch(self, sc, model_path, port, prepared):
         argv = [prepared["binary"], "--model", str(model_path), "--alias", sc.served_name,
                 "--host", "127.0.0.1", "--port", str(port), "--metrics", "--log-timestamps", "--log-prefix"]
-        for key, value in sc.options.items():
-            flag, kind = OPTIONS[key]
-            if kind == "flag":
-                if value:
-                    argv.append(flag)
-            elif kind == "onoff":
-                argv += [flag, "on" if value in (True, "on") else "off"]
-            else:
-                argv += [flag, str(value)]
-        argv += sc.extra_args
+        argv += self.option_argv(sc.options) + sc.extra_args
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
 
     async def identity(self, session, base_url, sc):
@@ -145,13 +142,20 @@ class LlamaCppEngine(Engine):
                     problems.append(f"server has {props.get('total_slots')} slots, config asks for {want}")
         return facts, problems
 
-    async def tokenize(self, session, base_url, text):
-        async with session.post(base_url + "/tokenize", json={"content": text, "add_special": False}) as resp:
-            resp.raise_for_status()
-            return (await resp.json(content_type=None))["tokens"]
-
     def request_fields(self, sc):
         return {"ignore_eos": True, "cache_prompt": False}
+
+    def host_version(self, prepared, stack):
+        if prepared.get("version"):
+            return {"version": prepared["version"], "binary": prepared.get("binary")}
+        binary = shutil.which("llama-server")
+        if not binary:
+            return {"error": "llama-server not on PATH and not prepared"}
+        try:
+            line = reported_version(binary)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"error": type(exc).__name__}
+        return {"version": line, "binary": binary} if line else {"error": "no version line"}
 
     def parse_log(self, text):
         events = []

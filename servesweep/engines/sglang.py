@@ -10,14 +10,15 @@ import importlib.metadata
 import importlib.util
 import math
 import re
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from servesweep import promtext
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_columns
+from servesweep.engines.base import Engine, HostNeeds, LaunchSpec, LogEvent, spec_columns
+from servesweep.numeric import mean_or_nan
+from servesweep.versions import version_tuple
 
 DEFAULT_VERSION = "0.5.17"
 # From this version on, ``--cuda-graph-max-bs`` is gone and argparse rejects it as an ambiguous prefix of
@@ -26,9 +27,10 @@ PER_PHASE_GRAPH_FLAGS_FROM = (0, 5, 23)
 SPEC_ALGORITHMS = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DDTREE"}
 DRAFT_MODEL_REQUIRED = {"EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "DDTREE"}
 DFLASH_FAMILY = {"DFLASH", "DDTREE"}
-DFLASH_DEFAULT_MAX_RUNNING = 48
+# SGLang's speculative hooks (DFLASH, EAGLE family, NGRAM, ...) all reset an unset --max-running-requests to this.
+SPEC_DEFAULT_MAX_RUNNING = 48
 
-# structured option -> (flag, kind). kind: value | flag (switch when true) | special (handled in build_argv)
+# structured option -> (flag, kind); the kinds are Engine.option_argv's, ``special`` spelled by special_argv
 OPTIONS = {
     "tp": ("--tp-size", "value"),
     "pp": ("--pp-size", "value"),
@@ -63,11 +65,6 @@ A2A_BACKENDS = {"none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "
                 "pplx", "ascend_tp"}
 
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    """(0, 5, 23) from '0.5.23', '0.5.23.post1' or '0.5.23rc0'."""
-    return tuple(int(re.match(r"\d+", p).group()) for p in str(version).split(".")[:3] if re.match(r"\d+", p))
-
-
 def flag_version(settings: dict, prepared: dict | None = None) -> str:
     """The SGLang version whose flag spellings to use: ``engines.sglang.version``, else the located one."""
     return str(settings.get("version") or (prepared or {}).get("version") or DEFAULT_VERSION)
@@ -81,35 +78,6 @@ def _spec(opts: dict) -> str | None:
 # Differenced per cell. SGLang exports no counter of proposed draft tokens: ``sglang:spec_num_draft_tokens`` is the
 # configured draft size and ``sglang:spec_accept_length`` / ``sglang:spec_accept_rate`` are gauges of the last batch.
 METRIC_VERIFY_CALLS = "sglang:spec_verify_calls_total"
-
-
-def world_size_of(opts: dict) -> int:
-    """GPUs one SGLang server occupies: tp × pp (EP and DP attention live inside the TP group), × dp without it."""
-    tp, pp, dp = int(opts.get("tp", 1)), int(opts.get("pp", 1)), int(opts.get("dp", 1))
-    return tp * pp * (1 if opts.get("enable_dp_attention") else dp)
-
-
-def build_argv(opts: dict, version: str) -> list[str]:
-    """The flags for the structured options, in the spelling ``version`` accepts (no model, host or port)."""
-    per_phase = version_tuple(version) >= PER_PHASE_GRAPH_FLAGS_FROM
-    argv: list[str] = []
-    for key, value in opts.items():
-        flag, kind = OPTIONS[key]
-        if kind == "flag":
-            if value:
-                argv.append(flag)
-        elif kind == "value":
-            argv += [flag, str(value)]
-        elif key == "speculative_algorithm":
-            argv += [flag, str(value).upper()]
-        elif key == "cuda_graph" and value is False:
-            argv += (["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
-                     if per_phase else ["--disable-cuda-graph"])
-        elif key == "cuda_graph_max_bs":
-            argv += ["--cuda-graph-max-bs-decode" if per_phase else "--cuda-graph-max-bs", str(value)]
-        elif key == "disable_piecewise_cuda_graph" and value:
-            argv += ["--cuda-graph-backend-prefill", "disabled"] if per_phase else ["--disable-piecewise-cuda-graph"]
-    return argv
 
 
 def flag_problems(argv: list[str], accepted: set[str]) -> list[str]:
@@ -302,25 +270,25 @@ def _verify_steps(d: dict, requests: list[dict]) -> float | None:
     return float(sum(per_request)) if per_request else None
 
 
-def _mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else math.nan
-
 
 class SGLangEngine(Engine):
     name = "sglang"
     label = "SGLang"
 
     # --- configuration -----------------------------------------------------------------------------------
-    def config_problems(self, name, sc, model, config):
-        key = f"server_configs.{name}.options"
-        opts = sc.get("options", {})
-        problems = self.option_problems(name, opts, OPTIONS, POSITIVE_INT_OPTIONS, BOOL_OPTIONS)
-        if "mem_fraction_static" in opts and not (isinstance(opts["mem_fraction_static"], (int, float))
-                                                  and 0 < opts["mem_fraction_static"] < 1):
-            problems.append((f"{key}.mem_fraction_static", f"must be between 0 and 1, got {opts['mem_fraction_static']!r}",
-                             "give a fraction such as 0.85"))
-        if problems:
-            return problems  # the combination checks below assume well-typed values
+    options = OPTIONS
+    positive_int_options = POSITIVE_INT_OPTIONS
+    bool_options = BOOL_OPTIONS
+    host_needs = HostNeeds(modules=("sglang",), gpu_jit=True, flashinfer=True)
+
+    # --- configuration -----------------------------------------------------------------------------------
+    def engine_problems(self, sc, matrix):
+        key, opts = f"server_configs.{sc.name}.options", sc.options
+        mem = opts.get("mem_fraction_static")
+        if mem is not None and not (isinstance(mem, (int, float)) and not isinstance(mem, bool) and 0 < mem < 1):
+            return [(f"{key}.mem_fraction_static", f"must be between 0 and 1, got {mem!r}",
+                     "give a fraction such as 0.85")]
+        problems = []
         spec = _spec(opts)
         tp, pp, ep = int(opts.get("tp", 1)), int(opts.get("pp", 1)), int(opts.get("ep", 1))
         if spec and spec not in SPEC_ALGORITHMS:
@@ -357,40 +325,54 @@ class SGLangEngine(Engine):
         elif a2a not in (None, "none") and ep != tp:
             problems.append((f"{key}.moe_a2a_backend", f"all-to-all backend {a2a!r} forces ep = tp, but ep is {ep} "
                              f"and tp is {tp}", "use moe_a2a_backend: none for hybrid EP (ep < tp), or set ep = tp"))
-        host_gpus = config.get("host", {}).get("gpus")
-        world = world_size_of(opts)
-        if host_gpus is not None and world > host_gpus:
-            problems.append((key, f"needs {world} GPUs (tp {tp} × pp {pp}"
-                             f"{'' if opts.get('enable_dp_attention') else ' × dp ' + str(opts.get('dp', 1))}) but "
-                             f"host.gpus is {host_gpus}", "lower tp/pp/dp or run on a host with more GPUs"))
         if not problems:
-            problems += self._parser_problems(key, sc, config)
+            problems += self._parser_problems(key, sc)
         return problems
 
-    def _parser_problems(self, key: str, sc: dict, config: dict) -> list[tuple[str, str, str]]:
+    def _parser_problems(self, key: str, sc) -> list[tuple[str, str, str]]:
         """Unknown or ambiguous flags by the installed SGLang's own parser (only where SGLang imports)."""
         installed = installed_sglang_flags()
         if installed is None:
             return []
         version, accepted = installed
-        settings = config.get("engines", {}).get(self.name, {})
-        argv = build_argv(sc.get("options", {}), flag_version(settings, {"version": version}))
-        argv += [str(a) for a in sc.get("extra_args", [])]
+        argv = self.option_argv(sc.options, version=flag_version(sc.engine_settings, {"version": version}))
+        argv += sc.extra_args
         return [(key, f"installed SGLang {version} rejects it: {p}",
                  "set engines.sglang.version to the installed version, or fix extra_args")
                 for p in flag_problems(argv, accepted)]
 
-    def config_warnings(self, name, sc, model, config):
-        opts = sc.get("options", {})
-        # SGLang's speculative hooks (DFLASH, EAGLE family, NGRAM, ...) all reset an unset limit to 48.
+    def config_warnings(self, sc):
+        opts = sc.options
         if _spec(opts) and "max_running_requests" not in opts:
-            return [f"config '{name}': {_spec(opts)} without max_running_requests — SGLang silently caps running "
-                    f"requests at {DFLASH_DEFAULT_MAX_RUNNING} ('Max running requests is reset to 48 for speculative "
-                    "decoding'); cells above C=48 queue. Set options.max_running_requests."]
+            return [f"config '{sc.name}': {_spec(opts)} without max_running_requests — SGLang silently caps running "
+                    f"requests at {SPEC_DEFAULT_MAX_RUNNING} ('Max running requests is reset to "
+                    f"{SPEC_DEFAULT_MAX_RUNNING} for speculative decoding'); cells above C={SPEC_DEFAULT_MAX_RUNNING} "
+                    "queue. Set options.max_running_requests."]
         return []
 
     def world_size(self, options):
-        return world_size_of(options)
+        """GPUs one SGLang server occupies: tp × pp (EP and DP attention live inside the TP group), × dp without
+        DP attention."""
+        tp, pp, dp = int(options.get("tp", 1)), int(options.get("pp", 1)), int(options.get("dp", 1))
+        return tp * pp * (1 if options.get("enable_dp_attention") else dp)
+
+    def world_size_terms(self, options):
+        terms = f"tp {options.get('tp', 1)} × pp {options.get('pp', 1)}"
+        return terms if options.get("enable_dp_attention") else f"{terms} × dp {options.get('dp', 1)}"
+
+    def special_argv(self, key, value, version=DEFAULT_VERSION):
+        """``speculative_algorithm`` in upper case; the CUDA-graph switches in the spelling ``version`` accepts."""
+        per_phase = version_tuple(version) >= PER_PHASE_GRAPH_FLAGS_FROM
+        if key == "speculative_algorithm":
+            return [OPTIONS[key][0], str(value).upper()]
+        if key == "cuda_graph" and value is False:
+            return (["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+                    if per_phase else ["--disable-cuda-graph"])
+        if key == "cuda_graph_max_bs":
+            return ["--cuda-graph-max-bs-decode" if per_phase else "--cuda-graph-max-bs", str(value)]
+        if key == "disable_piecewise_cuda_graph" and value:
+            return ["--cuda-graph-backend-prefill", "disabled"] if per_phase else ["--disable-piecewise-cuda-graph"]
+        return []
 
     def speculation_requested(self, options):
         return _spec(options)
@@ -429,7 +411,8 @@ class SGLangEngine(Engine):
             argv += ["--tokenizer-path", str(sc.model["tokenizer"])]
         if sc.model.get("load_format") == "dummy":
             argv += ["--load-format", "dummy"]
-        argv += build_argv(sc.options, prepared.get("flag_version") or flag_version(sc.engine_settings, prepared))
+        argv += self.option_argv(sc.options, version=prepared.get("flag_version")
+                                 or flag_version(sc.engine_settings, prepared))
         argv += sc.extra_args
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
 
@@ -444,12 +427,6 @@ class SGLangEngine(Engine):
         if info is None:
             return {}, ["neither /server_info nor /get_server_info answered"]
         return server_identity(info, sc.options, sc.served_name)
-
-    async def tokenize(self, session, base_url, text):
-        payload = {"prompt": text, "add_special_tokens": False}
-        async with session.post(base_url + "/tokenize", json=payload) as resp:
-            resp.raise_for_status()
-            return (await resp.json(content_type=None))["tokens"]
 
     async def flush_cache(self, session, base_url):
         # 400 while requests are still running or queued; the bench calls this between cells.
@@ -501,7 +478,7 @@ class SGLangEngine(Engine):
                                     if with_graph else math.nan),
             "max_running_req": max((e.fields.get("running_req", 0) for e in batches), default=math.nan),
             "max_queue_req": max((e.fields.get("queue_req", 0) for e in batches), default=math.nan),
-            "log_gen_throughput_mean": _mean([e.fields["gen_throughput"] for e in decode
+            "log_gen_throughput_mean": mean_or_nan([e.fields["gen_throughput"] for e in decode
                                               if "gen_throughput" in e.fields]),
         }
         verify = [(r.get("completion_tokens"), r.get("spec_verify_ct", (r.get("meta_info") or {}).get("spec_verify_ct")))
@@ -512,11 +489,11 @@ class SGLangEngine(Engine):
             out["accept_length"] = sum(c for c, _ in verify) / sum(v for _, v in verify)
             out["accept_length_source"] = "requests"
         elif accept_lines:
-            out["accept_length"] = _mean(accept_lines)
+            out["accept_length"] = mean_or_nan(accept_lines)
             out["accept_length_source"] = "log"
         rates = [e.fields["accept_rate"] for e in decode if "accept_rate" in e.fields]
         if rates:
-            out["accept_rate"] = _mean(rates)
+            out["accept_rate"] = mean_or_nan(rates)
         d = promtext.delta(metrics_before, metrics_after)
         out.update(spec_columns(verify=_verify_steps(d, requests)))
         passes = promtext.by_label(d, "sglang:cuda_graph_passes_total", "mode")

@@ -22,8 +22,6 @@ from pathlib import Path
 
 from servesweep.engines.sglang import installed_sglang_flags
 
-SNAPSHOT_DIR = Path(__file__).resolve().parents[2] / "tests" / "data"
-
 
 def _field_cli(node: ast.AnnAssign) -> dict | None:
     """CLI metadata of one ``name: A[T, "help" | Arg(...), NS(...)]`` field; None when it has no CLI surface."""
@@ -99,11 +97,6 @@ def fields_from_log(text: str) -> list[str]:
         if depth < 0:
             break
     return names
-
-
-def load_snapshot(version: str) -> dict:
-    """The stored snapshot for ``version`` (``tests/data/sglang-flags-<version>.json``)."""
-    return json.loads((SNAPSHOT_DIR / f"sglang-flags-{version}.json").read_text())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import math
 import re
 import shutil
@@ -10,9 +9,9 @@ import subprocess
 import time
 
 from servesweep import promtext
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_counter_columns
+from servesweep.engines.base import Engine, HostNeeds, LaunchSpec, LogEvent, spec_counter_columns
 
-# structured option -> (flag, kind). kind: value | flag (switch when true) | json
+# structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
     "tp": ("--tensor-parallel-size", "value"),
     "pp": ("--pipeline-parallel-size", "value"),
@@ -44,26 +43,6 @@ _FAILURES = (
 )
 
 
-def world_size_of(opts: dict) -> int:
-    """GPUs one vLLM server occupies: tp × pp × dp (expert parallelism reuses the tp × dp ranks)."""
-    return int(opts.get("tp", 1)) * int(opts.get("pp", 1)) * int(opts.get("dp", 1))
-
-
-def build_argv(opts: dict) -> list[str]:
-    """Flags for the structured options (no model, host or port)."""
-    argv: list[str] = []
-    for key, value in opts.items():
-        flag, kind = OPTIONS[key]
-        if kind == "flag":
-            if value:
-                argv.append(flag)
-        elif kind == "json":
-            argv += [flag, json.dumps(value, sort_keys=True)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
 def _local_epoch(stamp: str) -> float:
     # vLLM's prefix has no year; the log is read in the year it was written.
     return time.mktime(time.strptime(f"{time.localtime().tm_year}-{stamp}", "%Y-%m-%d %H:%M:%S"))
@@ -73,25 +52,20 @@ class VLLMEngine(Engine):
     name = "vllm"
     label = "vLLM"
 
-    def config_problems(self, name, sc, model, config):
-        key = f"server_configs.{name}.options"
-        opts = sc.get("options", {})
-        problems = self.option_problems(name, opts, OPTIONS, POSITIVE_INT_OPTIONS)
+    options = OPTIONS
+    positive_int_options = POSITIVE_INT_OPTIONS
+    host_needs = HostNeeds(modules=("vllm",), gpu_jit=True)
+
+    def engine_problems(self, sc, matrix):
+        key, opts = f"server_configs.{sc.name}.options", sc.options
         spec = opts.get("speculative_config")
         if spec is not None and not (isinstance(spec, dict) and spec.get("method")):
-            problems.append((f"{key}.speculative_config", "must be a mapping with at least `method`",
-                             "e.g. {method: eagle3, model: <draft>, num_speculative_tokens: 3}"))
-        if problems:
-            return problems
+            return [(f"{key}.speculative_config", "must be a mapping with at least `method`",
+                     "e.g. {method: eagle3, model: <draft>, num_speculative_tokens: 3}")]
         if spec and int(opts.get("pp", 1)) > 1:
-            problems.append((f"{key}.pp", "vLLM does not run speculative decoding with pipeline parallelism",
-                             "set pp: 1, or remove speculative_config"))
-        host_gpus = config.get("host", {}).get("gpus")
-        world = world_size_of(opts)
-        if host_gpus is not None and world > host_gpus:
-            problems.append((key, f"needs {world} GPUs (tp × pp × dp) but host.gpus is {host_gpus}",
-                             "lower tp/pp/dp or run on a host with more GPUs"))
-        return problems
+            return [(f"{key}.pp", "vLLM does not run speculative decoding with pipeline parallelism",
+                     "set pp: 1, or remove speculative_config")]
+        return []
 
     def speculation_requested(self, options):
         spec = options.get("speculative_config")
@@ -102,7 +76,11 @@ class VLLMEngine(Engine):
         return "draft_model" if spec.get("model") else None
 
     def world_size(self, options):
-        return world_size_of(options)
+        """GPUs one vLLM server occupies: tp × pp × dp (expert parallelism reuses the tp × dp ranks)."""
+        return int(options.get("tp", 1)) * int(options.get("pp", 1)) * int(options.get("dp", 1))
+
+    def world_size_terms(self, options):
+        return f"tp {options.get('tp', 1)} × pp {options.get('pp', 1)} × dp {options.get('dp', 1)}"
 
     def prepare(self, settings, log):
         executable = settings.get("executable") or shutil.which("vllm")
@@ -123,13 +101,8 @@ class VLLMEngine(Engine):
             argv += ["--tokenizer", str(sc.model["tokenizer"])]
         if sc.model.get("load_format") == "dummy":
             argv += ["--load-format", "dummy"]
-        argv += build_argv(sc.options) + sc.extra_args
+        argv += self.option_argv(sc.options) + sc.extra_args
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
-
-    async def tokenize(self, session, base_url, text):
-        async with session.post(base_url + "/tokenize", json={"prompt": text, "add_special_tokens": False}) as resp:
-            resp.raise_for_status()
-            return (await resp.json(content_type=None))["tokens"]
 
     def parse_log(self, text):
         events = []

@@ -1,7 +1,8 @@
 """Build llama.cpp's native ``llama-server`` from the sources vendored in the llama-cpp-python sdist.
 
 The build is cached per machine (``$SERVESWEEP_CACHE`` or ``~/.cache/servesweep``), keyed by the sdist version and
-the build flavour, so it happens once per machine and never inside a benchmark job.
+the build flavour, so it happens once per machine and never inside a benchmark job. A bundle's install step runs
+this module before servesweep's dependencies are importable: it uses the standard library only.
 """
 from __future__ import annotations
 
@@ -14,12 +15,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from servesweep.cache import cache_root
+
 DEFAULT_VERSION = "0.3.36"
-
-
-def cache_root() -> Path:
-    """The per-machine cache directory for built engines and assembled models."""
-    return Path(os.environ.get("SERVESWEEP_CACHE", Path.home() / ".cache" / "servesweep"))
 
 
 def binary_path(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:

@@ -1,0 +1,186 @@
+"""The layering rules of docs/architecture.md, checked on the source: engine names only in servesweep/engines/, and no
+import cycle among servesweep's modules."""
+import ast
+import re
+from pathlib import Path
+
+from servesweep.engines import engine_names
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "servesweep"
+
+# Files outside servesweep/engines/ that may carry an engine's name, and why. Each must still need its entry.
+ENGINE_NAMES_ALLOWED = {
+    # RULES keys name the ShareGPT filters of the peer benchmark clients (vLLM's and SGLang's bench tools), not
+    # the engines servesweep launches.
+    "servesweep/workloads.py",
+    # Copied into every bundle and run with a bare Python before servesweep is installed, so it cannot ask the
+    # registry; it carries the llama.cpp sources the embedded default builds and runs that engine's build module.
+    "servesweep/bundle.py",
+}
+
+
+def _engine_name_pattern() -> re.Pattern:
+    names = "|".join(re.escape(n) for n in engine_names())
+    return re.compile(rf"(?<![a-z])({names})(?![a-z])", re.I)
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def engine_names_in_python(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every identifier, imported module and one-token string constant naming an engine.
+
+    Prose (comments, docstrings, strings with spaces such as messages) may mention an engine; code may not.
+    """
+    pattern, tree = _engine_name_pattern(), ast.parse(source)
+    docstrings, hits = _docstring_nodes(tree), []
+    for node in ast.walk(tree):
+        texts = []
+        if isinstance(node, ast.Name):
+            texts = [node.id]
+        elif isinstance(node, ast.Attribute):
+            texts = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            texts = [node.name]
+        elif isinstance(node, ast.keyword) and node.arg:
+            texts = [node.arg]
+        elif isinstance(node, ast.alias):
+            texts = [node.name, node.asname or ""]
+        elif isinstance(node, ast.ImportFrom):
+            texts = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            texts = [node.value] if not re.search(r"\s", node.value) else []
+        hits += [(getattr(node, "lineno", 0), t) for t in texts if pattern.search(t)]
+    return hits
+
+
+def engine_names_in_rules(text: str) -> list[tuple[int, str]]:
+    """(line, text) of every non-comment Snakemake line naming an engine."""
+    pattern = _engine_name_pattern()
+    return [(i, line) for i, line in enumerate(text.splitlines(), 1)
+            if pattern.search(line.split("#", 1)[0])]
+
+
+def test_engine_name_scan_finds_code_and_skips_prose():
+    source = ('"""Runs on SGLang."""\nimport os  # vllm\nGPU = ("sglang", "vllm")\n'
+              'from servesweep.engines.llamacpp_build import x\nmsg = "no config uses SGLang here"\n'
+              'def sglang_port(): pass\n')
+    assert sorted(engine_names_in_python(source)) == [
+        (3, "sglang"), (3, "vllm"), (4, "servesweep.engines.llamacpp_build"), (6, "sglang_port")]
+    assert engine_names_in_rules('    engine="llamacpp|vllm",\n# sglang is fine in a comment\n') == [
+        (1, '    engine="llamacpp|vllm",')]
+
+
+def test_no_engine_names_outside_engines():
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("servesweep/engines/"):
+            continue
+        hits = engine_names_in_python(path.read_text())
+        if hits:
+            found[rel] = hits
+    for path in sorted([ROOT / "Snakefile", *(ROOT / "rules").glob("*.smk")]):
+        hits = engine_names_in_rules(path.read_text())
+        if hits:
+            found[path.relative_to(ROOT).as_posix()] = hits
+    unexpected = {f: hits for f, hits in found.items() if f not in ENGINE_NAMES_ALLOWED}
+    assert not unexpected, f"engine knowledge outside servesweep/engines/ (move it into an engine): {unexpected}"
+    stale = ENGINE_NAMES_ALLOWED - set(found)
+    assert not stale, f"no longer name an engine: drop them from ENGINE_NAMES_ALLOWED: {stale}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(tree: ast.AST):
+    """Import nodes, leaving out ``if TYPE_CHECKING:`` blocks (type names only, never run)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """servesweep module -> the servesweep modules it imports, at any depth of the file (lazy imports count).
+
+    A package's ``__init__`` that a submodule import runs is not an edge: the registry imports its engines and they
+    import their siblings.
+    """
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in _runtime_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            else:
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                # ``from pkg import sub`` imports the submodule; ``from mod import name`` imports mod
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names}
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    assert "servesweep.download" in graph["servesweep.models"]  # the graph sees real imports
+    assert cycles(graph) == []
+
+
+def test_schema_engine_enum_is_the_registry():
+    from servesweep.config import schema
+
+    engine = schema()["properties"]["server_configs"]["additionalProperties"]["properties"]["engine"]
+    assert engine["enum"] == engine_names() and len(engine_names()) >= 3
