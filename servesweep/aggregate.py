@@ -172,40 +172,34 @@ def with_unit_columns(cells: pd.DataFrame, cost: dict | None = None) -> pd.DataF
     - ``energy_cost_per_m_tokens`` = kwh × J per output token × 1e6 / 3.6e6 (± likewise: linear), the electricity
       share, shown apart from the GPU-hour price; NaN without ``kwh`` or without measured GPU energy.
     """
-    cells = cells.copy()
     cost = cost or {}
     nan = pd.Series(np.nan, index=cells.index)
     gpus = gpus_used(cells)
-    cells["gpus"] = gpus.clip(lower=1)
-    cells["gpu_unit"] = np.where(gpus > 0, "GPU", "host")
+    new: dict[str, pd.Series] = {"gpus": gpus.clip(lower=1),
+                                 "gpu_unit": pd.Series(np.where(gpus > 0, "GPU", "host"), index=cells.index)}
     tok_s = cells["agg_output_tok_s"]
     tok_s_half = cells.get("agg_output_tok_s_ci95", nan)
-    cells["output_tok_s_per_gpu"] = tok_s / cells["gpus"]
-    cells["output_tok_s_per_gpu_ci95"] = tok_s_half / cells["gpus"]
+    new["output_tok_s_per_gpu"] = tok_s / new["gpus"]
+    new["output_tok_s_per_gpu_ci95"] = tok_s_half / new["gpus"]
     tpot = cells.get("tpot_p50_s", nan)
-    cells["interactivity_tok_s"] = 1.0 / tpot.where(tpot > 0)
-    cells["interactivity_tok_s_lo"], cells["interactivity_tok_s_hi"] = _inverse_interval(
+    new["interactivity_tok_s"] = 1.0 / tpot.where(tpot > 0)
+    new["interactivity_tok_s_lo"], new["interactivity_tok_s_hi"] = _inverse_interval(
         1.0, tpot, cells.get("tpot_p50_s_ci95", nan))
-    per_j = cells.get("output_tokens_per_gpu_j", nan)
-    cells["output_tokens_per_kwh"] = per_j * J_PER_KWH
-    cells["output_tokens_per_kwh_ci95"] = cells.get("output_tokens_per_gpu_j_ci95", nan) * J_PER_KWH
+    new["output_tokens_per_kwh"] = cells.get("output_tokens_per_gpu_j", nan) * J_PER_KWH
+    new["output_tokens_per_kwh_ci95"] = cells.get("output_tokens_per_gpu_j_ci95", nan) * J_PER_KWH
     price = cost.get("gpu_hour")
     if price is not None:
-        scale = (price * cells["gpus"] * 1e6 / 3600.0).where(gpus > 0)
-        cells["gpu_cost_per_m_tokens"] = scale / tok_s.where(tok_s > 0)
-        cells["gpu_cost_per_m_tokens_lo"], cells["gpu_cost_per_m_tokens_hi"] = _inverse_interval(
-            scale, tok_s, tok_s_half)
-    else:
-        cells = cells.drop(columns=["gpu_cost_per_m_tokens", "gpu_cost_per_m_tokens_lo",
-                                    "gpu_cost_per_m_tokens_hi"], errors="ignore")
+        scale = (price * new["gpus"] * 1e6 / 3600.0).where(gpus > 0)
+        new["gpu_cost_per_m_tokens"] = scale / tok_s.where(tok_s > 0)
+        new["gpu_cost_per_m_tokens_lo"], new["gpu_cost_per_m_tokens_hi"] = _inverse_interval(scale, tok_s, tok_s_half)
     kwh = cost.get("kwh")
     if kwh is not None:
-        j_token = cells.get("gpu_j_per_output_token", nan)
-        cells["energy_cost_per_m_tokens"] = kwh * j_token * 1e6 / J_PER_KWH
-        cells["energy_cost_per_m_tokens_ci95"] = kwh * cells.get("gpu_j_per_output_token_ci95", nan) * 1e6 / J_PER_KWH
-    else:
-        cells = cells.drop(columns=["energy_cost_per_m_tokens", "energy_cost_per_m_tokens_ci95"], errors="ignore")
-    return cells
+        new["energy_cost_per_m_tokens"] = kwh * cells.get("gpu_j_per_output_token", nan) * 1e6 / J_PER_KWH
+        new["energy_cost_per_m_tokens_ci95"] = (kwh * cells.get("gpu_j_per_output_token_ci95", nan) * 1e6
+                                                / J_PER_KWH)
+    # Recomputed from the inputs each time: columns of an earlier call with other prices are dropped first.
+    stale = [c for c in cells if c in new or c.startswith(("gpu_cost_per_m_tokens", "energy_cost_per_m_tokens"))]
+    return pd.concat([cells.drop(columns=stale), pd.DataFrame(new, index=cells.index)], axis=1)
 
 
 def clean_repeats(repeats: pd.DataFrame) -> pd.DataFrame:

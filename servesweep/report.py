@@ -98,7 +98,10 @@ def prompt_sets(cells: pd.DataFrame):
 def _point(r) -> str:
     """How an operating point is named: its concurrency (and request rate, where the load was open-loop)."""
     rate = r.get("request_rate") if hasattr(r, "get") else None
-    return f"C={r['concurrency']}" + (f", {rate:g} req/s" if rate is not None and pd.notna(rate) else "")
+    parts = [f"C={int(r['concurrency'])}"] if pd.notna(r.get("concurrency")) else []
+    if rate is not None and pd.notna(rate):
+        parts.append(f"{rate:g} req/s")
+    return ", ".join(parts) or "its only load point"
 
 
 def _repeats_of(repeats: pd.DataFrame | None, r) -> list[float]:
