@@ -15,6 +15,7 @@ rule aggregate_tables:
         energy_md="results/tables/energy.md",
     params:
         baseline=BASELINE,
+        cost=config["cost"],
     log:
         "logs/aggregate/tables.log",
     conda:

@@ -7,6 +7,12 @@ rule plot_charts:
         throughput_svg="results/report/throughput_vs_concurrency.svg",
         speedup_png=report("results/report/speedup_heatmap.png", category="Charts"),
         speedup_svg="results/report/speedup_heatmap.svg",
+        frontier_png=report("results/report/frontier.png", category="Charts"),
+        frontier_svg="results/report/frontier.svg",
+        latency_png=report("results/report/latency_vs_throughput.png", category="Charts"),
+        latency_svg="results/report/latency_vs_throughput.svg",
+        # Drawn only where GPU energy was measured: otherwise the folder stays empty.
+        energy=directory("results/report/energy"),
     params:
         baseline=BASELINE,
     log:
@@ -40,6 +46,8 @@ rule write_findings:
         findings=report("results/report/FINDINGS.md", category="Report"),
     params:
         baseline=BASELINE,
+        slo=config["slo"],
+        cost=config["cost"],
     log:
         "logs/report/findings.log",
     conda:

@@ -2,12 +2,11 @@ import sys
 
 sys.stderr = open(snakemake.log[0], "w")
 
+from pathlib import Path
+
 import pandas as pd
 
-from servesweep.charts import speedup_heatmap, throughput_chart, save_chart
+from servesweep.charts import write_charts
 
-cells = pd.read_csv(snakemake.input.cells)
-speedup = pd.read_csv(snakemake.input.speedup)
-out = snakemake.output
-save_chart(throughput_chart(cells), out.throughput_png, out.throughput_svg)
-save_chart(speedup_heatmap(speedup, snakemake.params.baseline), out.speedup_png, out.speedup_svg)
+write_charts(pd.read_csv(snakemake.input.cells), pd.read_csv(snakemake.input.speedup), snakemake.params.baseline,
+             Path(snakemake.output.throughput_png).parent)

@@ -27,7 +27,10 @@ THROUGHPUT_COLUMNS = {
     "concurrency": "C",
     "repeats": "repeats",
     "agg_output_tok_s": "agg tok/s",
+    "gpus": "GPUs",
+    "output_tok_s_per_gpu": "tok/s per GPU (or host)",
     "per_request_tok_s": "per-req tok/s",
+    "interactivity_tok_s": "1/TPOT p50 tok/s",
     "ttft_p50_s": "TTFT p50 s",
     "tpot_p50_s": "TPOT p50 s",
     "itl_p50_s": "ITL/token p50 s",
@@ -45,6 +48,14 @@ ENERGY_COLUMNS = {
     "gpu_energy_j": "GPU J",
     "gpu_j_per_output_token": "J/token",
     "output_tokens_per_gpu_j": "tokens/J",
+    "output_tokens_per_kwh": "tokens/kWh",
+    "gpus": "GPUs",
+    "output_tok_s_per_gpu": "tok/s per GPU (or host)",
+    "gpu_cost_per_m_tokens": "GPU cost per M tokens",
+    "gpu_cost_per_m_tokens_lo": "GPU cost lo",
+    "gpu_cost_per_m_tokens_hi": "GPU cost hi",
+    "energy_cost_per_m_tokens": "energy cost per M tokens",
+    "energy_cost_per_m_tokens_ci95": "energy cost ± 95 %",
     "gpu_power_mean_w": "mean W",
     "gpu_power_max_w": "max W",
     "gpu_power_mean_pct_limit": "% of limit",
@@ -125,6 +136,70 @@ def with_repeat_extremes(cells: pd.DataFrame, repeats: pd.DataFrame) -> pd.DataF
     extremes = repeats.groupby(keys).agg(client_bound_repeats=("client_bound", lambda x: int(x.fillna(False).sum())),
                                          loop_lag_p99_ms_max=("loop_lag_p99_ms", "max")).reset_index()
     return cells.merge(extremes, on=keys, how="left")
+
+
+# 1 kWh in joules.
+J_PER_KWH = 3.6e6
+
+
+def gpus_used(cells: pd.DataFrame) -> pd.Series:
+    """The GPUs each cell's server ran on (telemetry's ``gpu_count``); 0 where none: a CPU engine."""
+    count = cells["gpu_count"] if "gpu_count" in cells else pd.Series(np.nan, index=cells.index)
+    return pd.to_numeric(count, errors="coerce").fillna(0).astype(int)
+
+
+def _inverse_interval(scale: float, mean: pd.Series, half: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """The interval of ``scale / x`` from the interval mean ± half of x (x > 0): 1/x is monotone, so the ends map
+    to the ends; the upper end is unbounded where the interval of x reaches 0. NaN without an interval."""
+    lo = scale / (mean + half)
+    hi = (scale / (mean - half)).where(mean - half > 0, math.inf)
+    missing = half.isna() | mean.isna()
+    return lo.mask(missing), hi.mask(missing)
+
+
+def with_unit_columns(cells: pd.DataFrame, cost: dict | None = None) -> pd.DataFrame:
+    """Per cell, what a deployment is priced by: throughput per GPU, tok/s per user, tokens per kWh and, where
+    ``cost`` (the config's ``cost:`` section) gives prices, cost per million output tokens.
+
+    - ``gpus``: the GPUs the server ran on; ``gpu_unit`` is ``GPU``, or ``host`` for a CPU engine, counted as one.
+    - ``output_tok_s_per_gpu`` = output tok/s / gpus; its ``_ci95`` is the throughput's half-width / gpus (exact).
+    - ``interactivity_tok_s`` = 1 / TPOT p50 (tok/s per user, InferenceMAX's interactivity) with ``_lo``/``_hi``
+      mapped from TPOT p50's interval over the repeats.
+    - ``output_tokens_per_kwh`` = output tokens per GPU joule × 3.6e6 (± likewise); NaN where GPU energy was not
+      measured — never 0.
+    - ``gpu_cost_per_m_tokens`` = gpu_hour × gpus / (3600 × output tok/s) × 1e6, with ``_lo``/``_hi`` mapped from
+      the throughput's interval; NaN for a CPU engine (a GPU-hour price does not apply) or without ``gpu_hour``.
+    - ``energy_cost_per_m_tokens`` = kwh × J per output token × 1e6 / 3.6e6 (± likewise: linear), the electricity
+      share, shown apart from the GPU-hour price; NaN without ``kwh`` or without measured GPU energy.
+    """
+    cost = cost or {}
+    nan = pd.Series(np.nan, index=cells.index)
+    gpus = gpus_used(cells)
+    new: dict[str, pd.Series] = {"gpus": gpus.clip(lower=1),
+                                 "gpu_unit": pd.Series(np.where(gpus > 0, "GPU", "host"), index=cells.index)}
+    tok_s = cells["agg_output_tok_s"]
+    tok_s_half = cells.get("agg_output_tok_s_ci95", nan)
+    new["output_tok_s_per_gpu"] = tok_s / new["gpus"]
+    new["output_tok_s_per_gpu_ci95"] = tok_s_half / new["gpus"]
+    tpot = cells.get("tpot_p50_s", nan)
+    new["interactivity_tok_s"] = 1.0 / tpot.where(tpot > 0)
+    new["interactivity_tok_s_lo"], new["interactivity_tok_s_hi"] = _inverse_interval(
+        1.0, tpot, cells.get("tpot_p50_s_ci95", nan))
+    new["output_tokens_per_kwh"] = cells.get("output_tokens_per_gpu_j", nan) * J_PER_KWH
+    new["output_tokens_per_kwh_ci95"] = cells.get("output_tokens_per_gpu_j_ci95", nan) * J_PER_KWH
+    price = cost.get("gpu_hour")
+    if price is not None:
+        scale = (price * new["gpus"] * 1e6 / 3600.0).where(gpus > 0)
+        new["gpu_cost_per_m_tokens"] = scale / tok_s.where(tok_s > 0)
+        new["gpu_cost_per_m_tokens_lo"], new["gpu_cost_per_m_tokens_hi"] = _inverse_interval(scale, tok_s, tok_s_half)
+    kwh = cost.get("kwh")
+    if kwh is not None:
+        new["energy_cost_per_m_tokens"] = kwh * cells.get("gpu_j_per_output_token", nan) * 1e6 / J_PER_KWH
+        new["energy_cost_per_m_tokens_ci95"] = (kwh * cells.get("gpu_j_per_output_token_ci95", nan) * 1e6
+                                                / J_PER_KWH)
+    # Recomputed from the inputs each time: columns of an earlier call with other prices are dropped first.
+    stale = [c for c in cells if c in new or c.startswith(("gpu_cost_per_m_tokens", "energy_cost_per_m_tokens"))]
+    return pd.concat([cells.drop(columns=stale), pd.DataFrame(new, index=cells.index)], axis=1)
 
 
 def clean_repeats(repeats: pd.DataFrame) -> pd.DataFrame:
@@ -315,10 +390,20 @@ def with_ci(df: pd.DataFrame, column: str, fmt: str = ".1f") -> pd.Series:
     return pd.Series([one(m, h) for m, h in zip(df[column], ci)], index=df.index)
 
 
+def interval_text(mean: float, lo: float, hi: float, fmt: str = ".2f") -> str:
+    """``mean [lo, hi]``, just the mean without an interval, ``–`` when not measured."""
+    if pd.isna(mean):
+        return "–"
+    if pd.isna(lo) or pd.isna(hi):
+        return f"{mean:{fmt}}"
+    return f"{mean:{fmt}} [{lo:{fmt}}, {'∞' if math.isinf(hi) else format(hi, fmt)}]"
+
+
 def throughput_table(cells: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in THROUGHPUT_COLUMNS if c in cells]
     out = cells[cols].copy()
-    for col in ("agg_output_tok_s_ci95", "per_request_tok_s_ci95"):
+    for col in ("agg_output_tok_s_ci95", "output_tok_s_per_gpu_ci95", "per_request_tok_s_ci95",
+                "interactivity_tok_s_lo", "interactivity_tok_s_hi"):
         if col in cells:
             out[col] = cells[col]
     return out.rename(columns=THROUGHPUT_COLUMNS)
@@ -327,10 +412,17 @@ def throughput_table(cells: pd.DataFrame) -> pd.DataFrame:
 def throughput_markdown(cells: pd.DataFrame) -> str:
     """Throughput and latency per cell, each figure as mean ± 95 % half-width over the repeats."""
     shown = cells[[c for c in THROUGHPUT_COLUMNS if c in cells]].copy()
-    for col, fmt in (("agg_output_tok_s", ".1f"), ("per_request_tok_s", ".1f"), ("ttft_p50_s", ".4f"),
+    for col, fmt in (("agg_output_tok_s", ".1f"), ("output_tok_s_per_gpu", ".1f"), ("per_request_tok_s", ".1f"),
+                     ("ttft_p50_s", ".4f"),
                      ("tpot_p50_s", ".4f"), ("itl_p50_s", ".4f"), ("itl_chunk_p50_s", ".4f")):
         if col in cells:
             shown[col] = with_ci(cells, col, fmt)
+    if "interactivity_tok_s" in shown:
+        shown["interactivity_tok_s"] = [interval_text(m, lo, hi, ".1f") for m, lo, hi in zip(
+            cells["interactivity_tok_s"], cells.get("interactivity_tok_s_lo", pd.Series(np.nan, index=cells.index)),
+            cells.get("interactivity_tok_s_hi", pd.Series(np.nan, index=cells.index)))]
+    if "gpus" in shown:
+        shown["gpus"] = [f"{g} ({u})" if u == "host" else str(g) for g, u in zip(cells["gpus"], cells["gpu_unit"])]
     if "window_s" in shown:
         shown["window_s"] = shown["window_s"].map(lambda x: f"{x:.1f}")
     return shown.rename(columns=THROUGHPUT_COLUMNS).to_markdown(index=False) + "\n"
@@ -378,12 +470,13 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: list[Path], baseline: str,
-                 out: TablePaths) -> None:
-    """Write the sweep's tables: cells, repeats, noise band, throughput, speedup and energy (CSV and markdown)."""
+                 out: TablePaths, cost: dict | None = None) -> None:
+    """Write the sweep's tables: cells, repeats, noise band, throughput, speedup and energy (CSV and markdown);
+    ``cost`` is the config's ``cost:`` section (prices for cost per million output tokens)."""
     metas = [json.loads(Path(p).read_text()) for p in meta_paths]
     cells = load_cells(cell_paths, metas)
     repeats = load_repeats(repeat_paths, cells)
-    cells = with_repeat_extremes(cells, repeats)
+    cells = with_unit_columns(with_repeat_extremes(cells, repeats), cost)
     cells.to_csv(out.cells, index=False)
     repeats.to_csv(out.repeats, index=False)
     noise = noise_band(repeats, metas, baseline)
@@ -399,7 +492,7 @@ def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: l
     Path(out.energy_md).write_text(to_markdown(readable(energy.dropna(axis="columns", how="all")), "g"))
 
 
-def build_tables_in(run_dirs: list[Path], baseline: str, out_dir: Path) -> TablePaths:
+def build_tables_in(run_dirs: list[Path], baseline: str, out_dir: Path, cost: dict | None = None) -> TablePaths:
     """``build_tables`` over run folders (``cells.csv``, ``repeats.csv`` if recorded, ``meta.json`` each), writing
     the tables under ``out_dir`` with the pipeline's file names: how recorded examples are regenerated."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -408,5 +501,5 @@ def build_tables_in(run_dirs: list[Path], baseline: str, out_dir: Path) -> Table
              "energy": "energy.csv", "energy_md": "energy.md"}
     paths = TablePaths(**{k: out_dir / v for k, v in names.items()})
     build_tables([d / "cells.csv" for d in run_dirs], [d / "repeats.csv" for d in run_dirs],
-                 [d / "meta.json" for d in run_dirs], baseline, paths)
+                 [d / "meta.json" for d in run_dirs], baseline, paths, cost)
     return paths

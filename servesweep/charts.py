@@ -3,8 +3,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import math
+
 import altair as alt
 import pandas as pd
+
+from servesweep.aggregate import with_unit_columns
+from servesweep.frontier import frontier_by
+
+# File names of the charts in the report folder (the energy chart in a folder of its own: it exists only where GPU
+# energy was measured).
+CHART_FILES = {"throughput": "throughput_vs_concurrency", "speedup": "speedup_heatmap", "frontier": "frontier",
+               "latency": "latency_vs_throughput"}
+ENERGY_DIR, ENERGY_FILE = "energy", "energy_per_token"
 
 
 def prompts_label(df: pd.DataFrame) -> pd.Series:
@@ -12,6 +23,30 @@ def prompts_label(df: pd.DataFrame) -> pd.Series:
     workload = df["workload"] if "workload" in df else pd.Series("synthetic", index=df.index)
     return pd.Series([f"{int(c)} tokens" if w == "synthetic" else str(w) for w, c in zip(workload, df["ctx"])],
                      index=df.index)
+
+
+def prompts_order(df: pd.DataFrame) -> list[str]:
+    """The prompt-set labels in the matrix's order: synthetic by prompt length, then the real-text workloads."""
+    workload = df["workload"] if "workload" in df else pd.Series("synthetic", index=df.index)
+    keys = sorted(set(zip(workload != "synthetic", workload, df["ctx"])))
+    return list(dict.fromkeys(prompts_label(pd.DataFrame({"workload": [k[1] for k in keys],
+                                                            "ctx": [k[2] for k in keys]}))))
+
+
+def measured_values(values: pd.Series) -> list:
+    """The distinct values measured, sorted: the only ticks an axis of a matrix key may show."""
+    return sorted(int(v) if float(v).is_integer() else float(v) for v in values.dropna().unique())
+
+
+def concurrency_axis(concurrency: pd.Series) -> alt.X:
+    """A log₂ concurrency axis whose ticks are exactly the concurrencies measured and whose domain ends at the
+    smallest and largest of them (no rounding out to unmeasured values)."""
+    measured = measured_values(concurrency)
+    # One concurrency alone gives the log scale no extent: widen the domain, never the ticks.
+    domain = [measured[0], measured[-1]] if len(measured) > 1 else [measured[0] / 2, measured[0] * 2]
+    return alt.X("concurrency:Q", title="concurrency (C)",
+                 scale=alt.Scale(type="log", base=2, domain=domain, nice=False),
+                 axis=alt.Axis(values=measured, format="d", grid=False))
 
 
 def throughput_chart(cells: pd.DataFrame) -> alt.Chart:
@@ -22,16 +57,13 @@ def throughput_chart(cells: pd.DataFrame) -> alt.Chart:
     half = cells["agg_output_tok_s_ci95"] if "agg_output_tok_s_ci95" in cells else 0.0
     data["lo"] = cells["agg_output_tok_s"] - pd.Series(half, index=cells.index).fillna(0.0)
     data["hi"] = cells["agg_output_tok_s"] + pd.Series(half, index=cells.index).fillna(0.0)
-    measured = sorted(int(c) for c in data["concurrency"].unique())
-    x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency (C)",
-              axis=alt.Axis(values=measured, format="d"))
-    base = alt.Chart(data).encode(x=x, color=alt.Color("config:N"))
+    base = alt.Chart(data).encode(x=concurrency_axis(data["concurrency"]), color=alt.Color("config:N"))
     line = base.mark_line(point=True).encode(
         y=alt.Y("agg_output_tok_s:Q", title="output tok/s (measured window)"),
         tooltip=["config", "prompts", "concurrency", alt.Tooltip("agg_output_tok_s:Q", format=".1f")])
-    bars = base.mark_errorbar().encode(y="lo:Q", y2="hi:Q")
+    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="output tok/s (measured window)"), y2="hi:Q")
     return (alt.layer(line, bars, data=data).properties(width=260, height=200)
-            .facet(column=alt.Column("prompts:N", title="prompts"))
+            .facet(column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
             .properties(title="Throughput vs concurrency (mean of repeats, 95 % interval)"))
 
 
@@ -44,7 +76,7 @@ def speedup_heatmap(speedup: pd.DataFrame, baseline: str) -> alt.Chart:
     data["verdict"] = verdict
     data["shown"] = data["speedup"].where(verdict.isin(["faster", "slower"]))
     base = alt.Chart(data).encode(x=alt.X("concurrency:O", title="concurrency (C)"),
-                                  y=alt.Y("prompts:N", title="prompts"))
+                                  y=alt.Y("prompts:N", title="prompts", sort=prompts_order(speedup)))
     rect = base.mark_rect().encode(
         color=alt.condition("isValid(datum.shown)",
                             alt.Color("shown:Q", scale=alt.Scale(scheme="redyellowgreen", domainMid=1.0),
@@ -55,6 +87,156 @@ def speedup_heatmap(speedup: pd.DataFrame, baseline: str) -> alt.Chart:
     return (alt.layer(rect, text, data=data).properties(width=180, height=120)
             .facet(column=alt.Column("config:N", title=None))
             .properties(title=f"Speedup over {baseline} (grey: no measurable difference)"))
+
+
+def _units(cells: pd.DataFrame) -> pd.DataFrame:
+    return cells if "output_tok_s_per_gpu" in cells else with_unit_columns(cells)
+
+
+def per_gpu_title(cells: pd.DataFrame) -> str:
+    """"per GPU", "per host" (CPU engines only) or both, as the cells' servers ran."""
+    units = set(_units(cells)["gpu_unit"])
+    return ("per host" if units == {"host"} else "per GPU" if units == {"GPU"}
+            else "per GPU (per host for CPU engines)")
+
+
+def has_gpu_energy(cells: pd.DataFrame) -> bool:
+    """Whether any cell measured GPU energy (J per output token)."""
+    return "gpu_j_per_output_token" in cells and bool(cells["gpu_j_per_output_token"].notna().any())
+
+
+def frontier_points(cells: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: output tok/s per GPU (y) and tok/s per user = 1/TPOT p50 (x) with their 95 % intervals,
+    and whether the point is on the Pareto frontier of its prompt set (servesweep.frontier). Client-bound cells
+    measured the client, not the server: they are drawn but never on the frontier."""
+    cells = _units(cells)
+    keep = ["config", "concurrency", "gpu_unit"] + [c for c in ("request_rate",) if c in cells]
+    data = cells[keep].copy()
+    data["prompts"] = prompts_label(cells)
+    data["per_gpu"] = cells["output_tok_s_per_gpu"]
+    half = cells["output_tok_s_per_gpu_ci95"]
+    data["per_gpu_lo"], data["per_gpu_hi"] = data["per_gpu"] - half, data["per_gpu"] + half
+    data["per_user"] = cells["interactivity_tok_s"]
+    # An unbounded end is not drawn: the bar stops at the point.
+    data["per_user_lo"] = cells["interactivity_tok_s_lo"]
+    data["per_user_hi"] = cells["interactivity_tok_s_hi"].where(cells["interactivity_tok_s_hi"] != math.inf)
+    bound = cells["client_bound"].fillna(False).astype(bool) if "client_bound" in cells else False
+    data["client_bound"] = bound
+    server = data[~data["client_bound"]]
+    data["frontier"] = False
+    data.loc[server.index, "frontier"] = frontier_by(server, "per_user", "per_gpu", ["prompts"])
+    return data
+
+
+def frontier_chart(cells: pd.DataFrame) -> alt.Chart:
+    """Output tok/s per GPU vs tok/s per user (1/TPOT p50), one line per config through its concurrencies, error
+    bars from the repeats' 95 % intervals, the Pareto frontier across configs drawn over them; one panel per
+    prompt set."""
+    data = frontier_points(cells)
+    unit = per_gpu_title(cells)
+    x = alt.X("per_user:Q", title="tok/s per user (1/TPOT p50)", scale=alt.Scale(zero=False, nice=False))
+    y = alt.Y("per_gpu:Q", title=f"output tok/s {unit}", scale=alt.Scale(zero=False))
+    base = alt.Chart(data).encode(x=x, y=y)
+    lines = base.mark_line(point=True).encode(
+        color=alt.Color("config:N"), order=alt.Order("concurrency:Q"),
+        tooltip=["config", "prompts", "concurrency", alt.Tooltip("per_gpu:Q", format=".1f"),
+                 alt.Tooltip("per_user:Q", format=".1f"), "frontier"])
+    y_bars = base.mark_errorbar().encode(y=alt.Y("per_gpu_lo:Q", title=f"output tok/s {unit}"), y2="per_gpu_hi:Q",
+                                         color=alt.Color("config:N"))
+    x_bars = base.mark_errorbar().encode(x=alt.X("per_user_lo:Q", title="tok/s per user (1/TPOT p50)"),
+                                         x2="per_user_hi:Q", color=alt.Color("config:N"))
+    on = base.transform_filter("datum.frontier")
+    front_line = on.mark_line(color="black", strokeDash=[4, 3], strokeWidth=1.5).encode(
+        order=alt.Order("per_user:Q"), detail="prompts:N")
+    front_points = on.mark_point(size=160, color="black", strokeWidth=1.5)
+    client = base.transform_filter("datum.client_bound").mark_point(shape="cross", size=120, color="grey")
+    return (alt.layer(y_bars, x_bars, lines, front_line, front_points, client, data=data)
+            .properties(width=300, height=230)
+            .facet(column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
+            .properties(title=f"Throughput {unit} vs tok/s per user (black circles: Pareto frontier; grey cross: "
+                        "client-bound, left out; bars: 95 % intervals)"))
+
+
+def latency_points(cells: pd.DataFrame) -> pd.DataFrame:
+    """Long format: per cell and metric (TTFT, TPOT) and percentile (p50, p99), the latency in ms."""
+    cells = _units(cells)
+    rows = []
+    for metric in ("ttft", "tpot"):
+        for q in (50, 99):
+            col = f"{metric}_p{q}_s"
+            if col not in cells:
+                continue
+            part = cells[["config", "concurrency", "output_tok_s_per_gpu"]].copy()
+            part["prompts"] = prompts_label(cells)
+            part["metric"], part["percentile"] = metric.upper(), f"p{q}"
+            part["ms"] = cells[col] * 1000.0
+            rows.append(part.dropna(subset=["ms"]))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
+def latency_chart(cells: pd.DataFrame) -> alt.Chart:
+    """TTFT and TPOT p50/p99 (ms, log scale) vs output tok/s per GPU, one line per config and percentile through
+    its concurrencies; rows: metric, columns: prompt set."""
+    data = latency_points(cells)
+    unit = per_gpu_title(cells)
+    chart = alt.Chart(data).mark_line(point=True).encode(
+        x=alt.X("output_tok_s_per_gpu:Q", title=f"output tok/s {unit}", scale=alt.Scale(zero=False)),
+        y=alt.Y("ms:Q", title="latency (ms)", scale=alt.Scale(type="log", nice=False)),
+        color=alt.Color("config:N"), strokeDash=alt.StrokeDash("percentile:N"),
+        detail="percentile:N", order=alt.Order("concurrency:Q"),
+        tooltip=["config", "prompts", "concurrency", "metric", "percentile", alt.Tooltip("ms:Q", format=".1f")])
+    return (chart.properties(width=280, height=180)
+            .facet(row=alt.Row("metric:N", title=None),
+                   column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
+            .resolve_scale(y="independent")
+            .properties(title="Latency vs throughput (mean of repeats; p50 solid, p99 dashed)"))
+
+
+def energy_chart(cells: pd.DataFrame) -> alt.Chart | None:
+    """GPU joules per output token vs output tok/s per GPU, one line per config through its concurrencies, error
+    bars from the repeats; None when no cell measured GPU energy (there is nothing to draw)."""
+    if not has_gpu_energy(cells):
+        return None
+    cells = _units(cells)
+    data = cells[["config", "concurrency", "output_tok_s_per_gpu", "gpu_j_per_output_token"]].copy()
+    data["prompts"] = prompts_label(cells)
+    half = cells.get("gpu_j_per_output_token_ci95", pd.Series(float("nan"), index=cells.index))
+    data["lo"], data["hi"] = data["gpu_j_per_output_token"] - half, data["gpu_j_per_output_token"] + half
+    data = data.dropna(subset=["gpu_j_per_output_token"])
+    unit = per_gpu_title(cells)
+    base = alt.Chart(data).encode(x=alt.X("output_tok_s_per_gpu:Q", title=f"output tok/s {unit}",
+                                          scale=alt.Scale(zero=False)), color=alt.Color("config:N"))
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("gpu_j_per_output_token:Q", title="GPU J per output token",
+                                                  scale=alt.Scale(type="log", nice=False)),
+        order=alt.Order("concurrency:Q"),
+        tooltip=["config", "prompts", "concurrency", alt.Tooltip("gpu_j_per_output_token:Q", format=".3f")])
+    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="GPU J per output token"), y2="hi:Q")
+    return (alt.layer(line, bars, data=data).properties(width=280, height=200)
+            .facet(column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
+            .properties(title="GPU energy per output token vs throughput (measured window, 95 % intervals)"))
+
+
+def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_dir: str | Path) -> list[Path]:
+    """Every chart of the report as PNG and SVG under ``out_dir`` (names in CHART_FILES; the energy chart under
+    ``out_dir/energy`` only where GPU energy was measured); returns the files written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    charts = {"throughput": throughput_chart(cells), "speedup": speedup_heatmap(speedup, baseline),
+              "frontier": frontier_chart(cells), "latency": latency_chart(cells)}
+    written = []
+    for key, chart in charts.items():
+        paths = [out_dir / f"{CHART_FILES[key]}.png", out_dir / f"{CHART_FILES[key]}.svg"]
+        save_chart(chart, *paths)
+        written += paths
+    energy_dir = out_dir / ENERGY_DIR
+    energy_dir.mkdir(parents=True, exist_ok=True)
+    energy = energy_chart(cells)
+    if energy is not None:
+        paths = [energy_dir / f"{ENERGY_FILE}.png", energy_dir / f"{ENERGY_FILE}.svg"]
+        save_chart(energy, *paths)
+        written += paths
+    return written
 
 
 def save_chart(chart: alt.Chart, png: str | Path, svg: str | Path) -> None:

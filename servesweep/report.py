@@ -11,7 +11,9 @@ from pathlib import Path
 import pandas as pd
 
 from servesweep import stats as stats_mod
-from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT, band_for
+from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT, band_for, clean_repeats, interval_text, with_unit_columns
+from servesweep.charts import CHART_FILES, ENERGY_DIR, ENERGY_FILE, has_gpu_energy
+from servesweep.slo import SLO
 from servesweep.speculation import speculation_status
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
 
@@ -83,6 +85,177 @@ def best_per_cell(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band
                 row["verdict"] = "not measurable"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def prompt_sets(cells: pd.DataFrame):
+    """(label, rows) per prompt set: each real-text workload, and synthetic prompts per prompt length."""
+    if "workload" not in cells:
+        cells = cells.assign(workload="synthetic")
+    for (workload, ctx), g in cells.groupby(["workload", "ctx"], sort=True):
+        yield (f"synthetic {ctx}-token prompts" if workload == "synthetic" else f"{workload} prompts"), g
+
+
+def _point(r) -> str:
+    """How an operating point is named: its concurrency (and request rate, where the load was open-loop)."""
+    rate = r.get("request_rate") if hasattr(r, "get") else None
+    parts = [f"C={int(r['concurrency'])}"] if pd.notna(r.get("concurrency")) else []
+    if rate is not None and pd.notna(rate):
+        parts.append(f"{rate:g} req/s")
+    return ", ".join(parts) or "its only load point"
+
+
+def _repeats_of(repeats: pd.DataFrame | None, r) -> list[float]:
+    """The quiet repeats' output tok/s per GPU of the cell of row ``r``."""
+    if repeats is None or repeats.empty:
+        return []
+    sel = clean_repeats(repeats)
+    for key in ("config", "workload", "ctx", "concurrency", "request_rate"):
+        if key in sel and key in r and pd.notna(r[key]):
+            sel = sel[sel[key] == r[key]]
+    return [float(x) / r["gpus"] for x in sel["agg_output_tok_s"].dropna()]
+
+
+def slo_miss(slo: SLO, r) -> tuple[float, str]:
+    """How far a cell is from meeting ``slo``: the largest measured/limit ratio over the limited metrics, and words
+    naming each metric over its limit. (inf, …) when a limited percentile was not measured."""
+    worst, parts = 0.0, []
+    for metric, limit in slo.limits():
+        value = r.get(f"{metric}_p{slo.percentile}_s")
+        if value is None or pd.isna(value):
+            return math.inf, f"{metric.upper()} p{slo.percentile} not measured"
+        worst = max(worst, value / limit)
+        if value > limit:
+            parts.append(f"{metric.upper()} p{slo.percentile} {1000 * value:.0f} ms > {1000 * limit:g} ms "
+                         f"({value / limit:.2f}× the limit)")
+    return worst, "; ".join(parts)
+
+
+def slo_choice(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slo: SLO) -> dict:
+    """For one prompt set's cells (with ``with_unit_columns``): the best config × cell meeting ``slo`` — the highest
+    output tok/s per GPU among the server-bound cells that ``slo.cell_meets`` — and the runner-up, the best
+    meeting cell of another config, with the margin (best / runner-up per GPU), its Fieller 95 % interval over the
+    quiet repeats and the verdict against the noise band. With no cell meeting it: the closest cell and its miss.
+
+    Returns {"best": row | None, "runner_up": row | None, "margin", "lo", "hi", "verdict", "band",
+    "closest": row | None, "miss": words}.
+    """
+    cells = server_bound(cells)
+    meets = [slo.cell_meets(r) for r in cells.to_dict("records")]
+    met = cells[[m is True for m in meets]].sort_values("output_tok_s_per_gpu", ascending=False, kind="stable")
+    workload = cells["workload"].iloc[0] if "workload" in cells and len(cells) else "synthetic"
+    out = {"best": None, "runner_up": None, "margin": math.nan, "lo": math.nan, "hi": math.nan,
+           "verdict": "only config", "band": _band(noise, workload), "closest": None, "miss": ""}
+    if met.empty:
+        misses = [(slo_miss(slo, r), r) for r in cells.to_dict("records")]
+        misses = [(m, r) for m, r in misses if math.isfinite(m[0])]
+        if misses:
+            (ratio, words), row = min(misses, key=lambda x: x[0][0])
+            out.update(closest=row, miss=words)
+        return out
+    best = met.iloc[0].to_dict()
+    out["best"] = best
+    others = met[met["config"] != best["config"]]
+    if others.empty:
+        return out
+    second = others.iloc[0].to_dict()
+    ratio, lo, hi = stats_mod.ratio_ci95(_repeats_of(repeats, best), _repeats_of(repeats, second))
+    if math.isnan(ratio):
+        ratio = best["output_tok_s_per_gpu"] / second["output_tok_s_per_gpu"]
+    out.update(runner_up=second, margin=ratio, lo=lo, hi=hi, verdict=stats_mod.verdict(lo, hi, out["band"]))
+    return out
+
+
+def _money(x: float, currency: str) -> str:
+    return f"{currency} {x:.3g}" if pd.notna(x) else "–"
+
+
+def choice_lines(label: str, choice: dict, cost: dict) -> list[str]:
+    """The first screen's bullet for one prompt set under one target."""
+    best = choice["best"]
+    if best is None:
+        close = choice["closest"]
+        if close is None:
+            return [f"- **{label}**: no cell meets it, and none measured the percentiles it limits."]
+        return [f"- **{label}**: **no config meets it.** Closest: `{close['config']}` at {_point(close)} — "
+                f"{choice['miss']}."]
+    unit = "GPU" if best["gpu_unit"] == "GPU" else "host"
+    gpus = f"{int(best['gpus'])} GPU{'s' if best['gpus'] > 1 else ''}" if unit == "GPU" else "CPU engine, no GPU"
+    tput = _fmt(best["output_tok_s_per_gpu"], ".0f")
+    if pd.notna(best.get("output_tok_s_per_gpu_ci95")):
+        tput += f" ± {best['output_tok_s_per_gpu_ci95']:.0f}"
+    user = interval_text(best.get("interactivity_tok_s"), best.get("interactivity_tok_s_lo"),
+                         best.get("interactivity_tok_s_hi"), ".0f")
+    per_req = _fmt(best.get("per_request_tok_s"), ".0f")
+    parts = [f"**{tput} output tok/s per {unit}** ({gpus})",
+             f"{user} tok/s per user (1/TPOT p50), {per_req} per-request decode tok/s"]
+    if pd.notna(best.get("gpu_j_per_output_token")):
+        j = f"{best['gpu_j_per_output_token']:.3f}"
+        if pd.notna(best.get("gpu_j_per_output_token_ci95")):
+            j += f" ± {best['gpu_j_per_output_token_ci95']:.3f}"
+        parts.append(f"{j} GPU J per output token")
+    else:
+        parts.append("no GPU energy measured")
+    currency = cost.get("currency", "USD")
+    if cost.get("gpu_hour") is not None:
+        if unit == "GPU":
+            price = interval_text(best.get("gpu_cost_per_m_tokens"), best.get("gpu_cost_per_m_tokens_lo"),
+                                  best.get("gpu_cost_per_m_tokens_hi"), ".3g")
+            parts.append(f"{currency} {price} per million output tokens at {cost['gpu_hour']:g} {currency}/GPU-hour")
+        else:
+            parts.append("no GPU, so the GPU-hour price does not apply")
+    if cost.get("kwh") is not None and pd.notna(best.get("energy_cost_per_m_tokens")):
+        parts.append(f"+ {_money(best['energy_cost_per_m_tokens'], currency)} of GPU electricity per million "
+                     f"output tokens at {cost['kwh']:g} {currency}/kWh")
+    line = f"- **{label}**: `{best['config']}` at {_point(best)} — " + "; ".join(parts) + "."
+    second = choice["runner_up"]
+    if second is None:
+        return [line + " The only config that meets it."]
+    margin = f"{choice['margin']:.2f}×" + (f" [{choice['lo']:.2f}, {choice['hi']:.2f}]"
+                                            if pd.notna(choice["lo"]) else "")
+    against = (f"Runner-up `{second['config']}` at {_point(second)} "
+               f"({_fmt(second['output_tok_s_per_gpu'], '.0f')} tok/s per {unit}): {margin} per {unit}")
+    if choice["verdict"] == "faster":
+        verdict = f"measurably ahead (the interval clears the noise band ±{_pct(choice['band'])})"
+    elif choice["verdict"] == "not measurable":
+        verdict = ("not a finding: fewer than two quiet repeats give no interval" if pd.isna(choice["lo"])
+                   else "not a finding: the sweep measured no noise band")
+    else:
+        verdict = f"no measurable difference (noise band ±{_pct(choice['band'])})"
+    return [line + f" {against} — {verdict}."]
+
+
+def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos: list[SLO],
+                 cost: dict | None) -> list[str]:
+    """The report's opening: per service-level target and prompt set, the best config × cell meeting it and its
+    runner-up (``slo_choice``), then the frontier chart."""
+    cost = cost or {}
+    cells = with_unit_columns(cells, cost)
+    lines = ["## Summary", ""]
+    if not slos:
+        lines += ["No service-level targets in the config's `slo:` section: no config is picked.", ""]
+    else:
+        lines += ["Per service-level target and prompt set: the config and concurrency that meet the target (its "
+                  "latency percentiles, mean over the repeats, within every limit) with the highest output tok/s "
+                  "per GPU (mean ± 95 % half-width over the repeats; per host for a CPU engine). The margin is over "
+                  "the best cell of another config that meets it, with its 95 % Fieller interval over the repeats. "
+                  "Client-bound cells are left out.", ""]
+    for slo in slos:
+        lines += [f"**{slo.describe()}**", ""]
+        for label, g in prompt_sets(cells):
+            lines += choice_lines(label, slo_choice(g, repeats, noise, slo), cost)
+        lines.append("")
+    notes = []
+    if not cost.get("gpu_hour") and not cost.get("kwh"):
+        notes.append("No prices in the config's `cost:` section: cost per million tokens is not computed.")
+    if not has_gpu_energy(cells):
+        notes.append("No GPU energy was measured in this sweep: no energy per token, tokens per kWh or energy "
+                     "cost is given.")
+    if notes:
+        lines += [" ".join(notes), ""]
+    lines += [f"![Throughput per GPU vs tok/s per user]({CHART_FILES['frontier']}.png) "
+              f"([SVG]({CHART_FILES['frontier']}.svg)) — each line one config through its concurrencies; circled: "
+              "the Pareto frontier (points no other point beats on both axes, docs/report.md).", ""]
+    return lines
 
 
 def speedup_findings(speedup: pd.DataFrame, noise: dict, baseline: str) -> list[str]:
@@ -381,7 +554,25 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
         lines += ["Energy is the GPU energy counter's change over each cell's measured window only (warm-up, ramp "
                   "and drain excluded), summed over the config's GPUs, divided by the output tokens that arrived in "
                   "that window; figures are means over the repeats.", ""]
-    lines += ["Thresholds and columns: docs/telemetry.md.", "", energy_md, ""]
+    lines += ["Thresholds and columns: docs/telemetry.md; the per-cell energy table is in the appendix.", ""]
+    if energy_md:
+        lines += [energy_md, ""]
+    return lines
+
+
+def charts_section(cells: pd.DataFrame) -> list[str]:
+    """The charts beyond the summary's frontier; the energy chart only where GPU energy was measured."""
+    lines = ["## Charts", "",
+             f"![Throughput vs concurrency]({CHART_FILES['throughput']}.png) "
+             f"([SVG]({CHART_FILES['throughput']}.svg))", "",
+             f"![Latency vs throughput]({CHART_FILES['latency']}.png) ([SVG]({CHART_FILES['latency']}.svg)) — TTFT "
+             "and TPOT p50/p99 against output tok/s per GPU, one line per config through its concurrencies.", "",
+             f"![Speedup heatmap]({CHART_FILES['speedup']}.png) ([SVG]({CHART_FILES['speedup']}.svg))", ""]
+    if has_gpu_energy(cells):
+        lines += [f"![GPU energy per output token]({ENERGY_DIR}/{ENERGY_FILE}.png) "
+                  f"([SVG]({ENERGY_DIR}/{ENERGY_FILE}.svg))", ""]
+    else:
+        lines += ["No GPU energy was measured, so there is no energy chart.", ""]
     return lines
 
 
@@ -474,8 +665,11 @@ def workloads_section(metas: list[dict], cells: pd.DataFrame) -> list[str]:
     return (["## Workloads", ""] + lines + [""]) if lines else []
 
 
-def write_findings(out_path: Path, inputs, baseline: str) -> str:
-    """FINDINGS.md from the tables (``inputs``: paths named as in the write_findings rule)."""
+def write_findings(out_path: Path, inputs, baseline: str, slos: list[SLO] | None = None,
+                   cost: dict | None = None) -> str:
+    """FINDINGS.md from the tables (``inputs``: paths named as in the write_findings rule): the summary per
+    service-level target (``slos``, from the config's ``slo:``; prices from its ``cost:``), the evidence, and the
+    wide per-cell tables in an appendix."""
     cells = pd.read_csv(inputs.cells)
     speedup = pd.read_csv(inputs.speedup)
     repeats_path = Path(inputs.cells).with_name("repeats.csv")
@@ -488,7 +682,7 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     matrix = metas[0]["matrix"] if metas else {}
     host = metas[0].get("host") if metas else "?"
 
-    lines = ["# Findings", ""]
+    lines = ["# Findings", ""] + first_screen(cells, repeats, noise, slos or [], cost)
     cpu = metas[0].get("cpu_model") if metas else None
     cores = metas[0].get("cpu_count") if metas else None
     cpu_text = (f" (CPU: {cpu}, {cores} cores — host-bound cells depend on it)" if cpu
@@ -539,22 +733,21 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     if warnings:
         lines += ["Configuration warnings:", ""] + warnings + [""]
     lines += correctness_section(pd.read_csv(inputs.correctness), Path(inputs.correctness_md).read_text(), baseline)
-    lines += power_energy_section(cells, Path(inputs.energy_md).read_text())
-
-    lines += ["## Tables", "", "### Throughput and latency (mean ± 95 % half-width over the repeats)", "",
-              "ITL/token spreads each arrival's gap over the tokens it carried (its mean equals TPOT); ITL/chunk is "
-              "the gap between arrivals, what vLLM's and SGLang's clients call ITL — larger whenever a chunk "
-              "carries several tokens, as speculative decoding's do.", "",
-              Path(inputs.throughput).read_text(), "",
-              f"### Speedup over `{baseline}`", "", Path(inputs.speedup_md).read_text(), ""]
-    lines += ["## Charts", "",
-              "![Throughput vs concurrency](throughput_vs_concurrency.png) "
-              "([SVG](throughput_vs_concurrency.svg))", "",
-              "![Speedup heatmap](speedup_heatmap.png) ([SVG](speedup_heatmap.svg))", ""]
+    lines += power_energy_section(cells, "")
+    lines += charts_section(cells)
     lines += ["## Environment", "", env_card, ""]
     lines += ["## Command lines", ""]
     for m in metas:
         lines += [f"- `{m['config']}`: `{' '.join(m['argv'])}`"]
+    lines += ["", "## Appendix: per-cell tables", "", "### Throughput and latency (mean ± 95 % half-width over the "
+              "repeats)", "",
+              "ITL/token spreads each arrival's gap over the tokens it carried (its mean equals TPOT); ITL/chunk is "
+              "the gap between arrivals, what vLLM's and SGLang's clients call ITL — larger whenever a chunk "
+              "carries several tokens, as speculative decoding's do. Per GPU divides by the GPUs the server ran on "
+              "(per host for a CPU engine); 1/TPOT p50 is tok/s per user, its interval mapped from TPOT's.", "",
+              Path(inputs.throughput).read_text(), "",
+              f"### Speedup over `{baseline}`", "", Path(inputs.speedup_md).read_text(), "",
+              "### Energy, power, cost and bottleneck", "", Path(inputs.energy_md).read_text(), ""]
     text = "\n".join(lines) + "\n"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(text)

@@ -29,3 +29,167 @@ def test_anomalies_errors_and_no_drop_called_without_repeats():
     found = "\n".join(anomalies(cells()))
     assert "`spec` ctx=128 C=2: 1 of 4 requests in the measured windows failed" in found
     assert "throughput falls" not in found  # one repeat: no interval, so no drop is called
+
+
+# --- the first screen: best config per service-level target -------------------------------------------------------
+
+import math  # noqa: E402
+
+from servesweep.aggregate import with_unit_columns  # noqa: E402
+from servesweep.report import first_screen, slo_choice  # noqa: E402
+from servesweep.slo import SLO  # noqa: E402
+from servesweep.stats import mean_ci95  # noqa: E402
+
+INTERACTIVE = SLO("interactive", ttft_ms=450, tpot_ms=40)
+
+
+def sweep(rows, spread=0.01):
+    """Cells and three repeats each from (config, C, tok/s, TTFT p99 s, TPOT p99 s, GPUs); the repeats sit at
+    ±``spread`` around the cell's throughput."""
+    cells = pd.DataFrame(rows, columns=["config", "concurrency", "agg_output_tok_s", "ttft_p99_s", "tpot_p99_s",
+                                        "gpu_count"])
+    cells["workload"], cells["ctx"] = "synthetic", 128
+    cells["tpot_p50_s"] = cells["tpot_p99_s"] / 2
+    reps = []
+    for r in cells.itertuples():
+        for i, f in enumerate((1 - spread, 1.0, 1 + spread)):
+            reps.append({"config": r.config, "workload": "synthetic", "ctx": 128, "concurrency": r.concurrency,
+                         "repeat": i, "agg_output_tok_s": r.agg_output_tok_s * f})
+    reps = pd.DataFrame(reps)
+    cells["agg_output_tok_s_ci95"] = [mean_ci95(g["agg_output_tok_s"])[1]
+                                      for _, g in reps.groupby(["config", "concurrency"], sort=False)]
+    return cells, reps
+
+
+NOISE = {"band": 0.05, "by_workload": {"synthetic": 0.05}}
+
+
+def test_best_is_highest_per_gpu_among_cells_meeting_the_target():
+    cells, reps = sweep([
+        ("tp2", 1, 400.0, 0.05, 0.005, 2), ("tp2", 64, 3000.0, 0.30, 0.030, 2),   # 1500 per GPU, meets
+        ("tp1", 1, 300.0, 0.05, 0.004, 1), ("tp1", 64, 2000.0, 0.40, 0.035, 1),   # 2000 per GPU, meets
+        ("fast", 64, 9000.0, 0.90, 0.030, 1),                                     # TTFT over the limit
+    ])
+    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    assert (choice["best"]["config"], choice["best"]["concurrency"]) == ("tp1", 64)
+    assert (choice["runner_up"]["config"], choice["runner_up"]["concurrency"]) == ("tp2", 64)
+    assert choice["margin"] == pytest.approx(2000 / 1500)
+    assert choice["lo"] > 1.05 and choice["verdict"] == "faster"
+    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    assert "`tp1` at C=64 — **2000 ± " in text and "output tok/s per GPU** (1 GPU)" in text
+    assert "Runner-up `tp2` at C=64 (1500 tok/s per GPU): 1.33× [" in text and "measurably ahead" in text
+    assert "No GPU energy was measured" in text and "0.000" not in text
+
+
+def test_runner_up_within_noise_is_no_measurable_difference():
+    cells, reps = sweep([("a", 8, 1000.0, 0.1, 0.01, 1), ("b", 8, 980.0, 0.1, 0.01, 1)], spread=0.03)
+    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    assert choice["best"]["config"] == "a" and choice["verdict"] == "no measurable difference"
+    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    assert "no measurable difference (noise band ±5.0 %)" in text
+
+
+def test_one_repeat_gives_no_finding():
+    cells, reps = sweep([("a", 8, 1000.0, 0.1, 0.01, 1), ("b", 8, 500.0, 0.1, 0.01, 1)])
+    reps = reps[reps["repeat"] == 0]
+    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    assert choice["margin"] == pytest.approx(2.0) and choice["verdict"] == "not measurable"
+    assert "fewer than two quiet repeats give no interval" in "\n".join(
+        first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+
+
+def test_nothing_meets_the_target_names_the_closest_cell():
+    cells, reps = sweep([("a", 8, 1000.0, 0.90, 0.01, 1), ("b", 8, 900.0, 0.60, 0.05, 1),
+                         ("b", 1, 100.0, 0.50, 0.01, 1)])
+    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    assert choice["best"] is None and choice["closest"]["concurrency"] == 1  # 500/450 = 1.11× is the least miss
+    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    assert ("**no config meets it.** Closest: `b` at C=1 — TTFT p99 500 ms > 450 ms (1.11× the limit)") in text
+
+
+def test_client_bound_cells_are_not_picked():
+    cells, reps = sweep([("a", 64, 5000.0, 0.1, 0.01, 1), ("b", 64, 1000.0, 0.1, 0.01, 1)])
+    cells["client_bound"] = [True, False]
+    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    assert choice["best"]["config"] == "b" and choice["runner_up"] is None
+
+
+def test_cpu_engine_is_per_host_and_gets_no_gpu_price():
+    cells, reps = sweep([("cpu", 4, 50.0, 0.2, 0.03, 0)])
+    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {"gpu_hour": 2.0, "currency": "EUR"}))
+    assert "output tok/s per host** (CPU engine, no GPU)" in text
+    assert "no GPU, so the GPU-hour price does not apply" in text and "EUR 0" not in text
+
+
+# --- cost arithmetic ---------------------------------------------------------------------------------------------
+
+def test_cost_per_million_tokens_and_energy_share():
+    row = pd.DataFrame({"agg_output_tok_s": [1000.0, 50.0], "agg_output_tok_s_ci95": [100.0, 5.0],
+                        "gpu_count": [2, 0], "gpu_j_per_output_token": [0.5, math.nan],
+                        "gpu_j_per_output_token_ci95": [0.05, math.nan], "output_tokens_per_gpu_j": [2.0, math.nan],
+                        "output_tokens_per_gpu_j_ci95": [0.2, math.nan], "tpot_p50_s": [0.02, 0.1],
+                        "tpot_p50_s_ci95": [0.004, 0.2]})
+    out = with_unit_columns(row, {"gpu_hour": 3.6, "kwh": 0.2})
+    gpu, cpu = out.iloc[0], out.iloc[1]
+    # 3.6 per GPU-hour × 2 GPUs / (3600 s × 1000 tok/s) × 1e6 = 2.0 per million output tokens
+    assert gpu["gpu_cost_per_m_tokens"] == pytest.approx(2.0)
+    assert gpu["gpu_cost_per_m_tokens_lo"] == pytest.approx(2000 / 1100)   # throughput's upper end
+    assert gpu["gpu_cost_per_m_tokens_hi"] == pytest.approx(2000 / 900)
+    # 0.2 per kWh × 0.5 J/token × 1e6 / 3.6e6 J/kWh
+    assert gpu["energy_cost_per_m_tokens"] == pytest.approx(0.2 * 0.5 / 3.6)
+    assert gpu["energy_cost_per_m_tokens_ci95"] == pytest.approx(0.2 * 0.05 / 3.6)
+    assert gpu["output_tokens_per_kwh"] == pytest.approx(7.2e6)
+    assert (gpu["gpus"], gpu["gpu_unit"], gpu["output_tok_s_per_gpu"]) == (2, "GPU", 500.0)
+    assert gpu["output_tok_s_per_gpu_ci95"] == pytest.approx(50.0)
+    assert gpu["interactivity_tok_s"] == pytest.approx(50.0)
+    assert (gpu["interactivity_tok_s_lo"], gpu["interactivity_tok_s_hi"]) == (pytest.approx(1 / 0.024),
+                                                                            pytest.approx(1 / 0.016))
+    # a CPU engine: one host, no GPU price, no energy figures — NaN, never 0
+    assert (cpu["gpus"], cpu["gpu_unit"]) == (1, "host")
+    assert math.isnan(cpu["gpu_cost_per_m_tokens"]) and math.isnan(cpu["energy_cost_per_m_tokens"])
+    assert math.isnan(cpu["output_tokens_per_kwh"])
+    assert cpu["interactivity_tok_s_hi"] == math.inf  # TPOT's interval reaches 0
+    assert "gpu_cost_per_m_tokens" not in with_unit_columns(row)  # no prices: no cost columns
+
+
+# --- charts ------------------------------------------------------------------------------------------------------
+
+from servesweep.charts import (energy_chart, frontier_chart, frontier_points, latency_chart,  # noqa: E402
+                               throughput_chart, write_charts)
+
+
+def _x_axis(chart):
+    spec = chart.to_dict()
+    return spec["spec"]["layer"][0]["encoding"]["x"]
+
+
+def test_throughput_axis_ticks_only_at_measured_concurrencies():
+    cells, _ = sweep([("a", 1, 10.0, 0.1, 0.01, 1), ("a", 4, 30.0, 0.1, 0.01, 1), ("b", 48, 50.0, 0.1, 0.01, 1)])
+    x = _x_axis(throughput_chart(cells))
+    assert x["axis"]["values"] == [1, 4, 48]
+    assert x["scale"]["domain"] == [1, 48] and x["scale"]["nice"] is False
+    one, _ = sweep([("a", 8, 10.0, 0.1, 0.01, 1)])
+    x = _x_axis(throughput_chart(one))
+    assert x["axis"]["values"] == [8]
+
+
+def test_frontier_chart_marks_the_frontier_and_energy_chart_needs_energy(tmp_path):
+    cells, _ = sweep([("a", 1, 100.0, 0.1, 0.002, 1), ("a", 8, 700.0, 0.2, 0.010, 1),
+                      ("b", 1, 90.0, 0.1, 0.003, 1), ("b", 8, 800.0, 0.2, 0.008, 1)])
+    pts = frontier_points(cells).set_index(["config", "concurrency"])["frontier"].to_dict()
+    # b at C=8 beats a at C=8 on both axes; a at C=1 beats b at C=1
+    assert pts == {("a", 1): True, ("a", 8): False, ("b", 1): False, ("b", 8): True}
+    spec = frontier_chart(cells).to_dict()
+    titles = {layer["encoding"]["y"]["title"] for layer in spec["spec"]["layer"] if "y" in layer.get("encoding", {})}
+    assert titles == {"output tok/s per GPU"}
+    assert latency_chart(cells).to_dict()["spec"]["encoding"]["y"]["scale"] == {"type": "log", "nice": False}
+    assert energy_chart(cells) is None
+    speedup = pd.DataFrame({"config": ["b"], "workload": ["synthetic"], "ctx": [128], "concurrency": [8],
+                            "speedup": [1.14], "verdict": ["no measurable difference"]})
+    written = write_charts(cells, speedup, "a", tmp_path)
+    names = sorted(p.name for p in written)
+    assert names == sorted(f"{n}.{e}" for n in ("throughput_vs_concurrency", "speedup_heatmap", "frontier",
+                                                 "latency_vs_throughput") for e in ("png", "svg"))
+    assert (tmp_path / "energy").is_dir() and not any((tmp_path / "energy").iterdir())
+    cells["gpu_j_per_output_token"] = [0.5, 0.1, 0.6, 0.09]
+    assert energy_chart(cells) is not None

@@ -13,12 +13,16 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from servesweep.aggregate import build_tables_in  # noqa: E402
+from servesweep.config import apply_defaults  # noqa: E402
 from servesweep.correctness.table import write_correctness_tables  # noqa: E402
 from servesweep.report import write_findings  # noqa: E402
+from servesweep.slo import slos_from_config  # noqa: E402
 
 CONFIGS = ("dp2", "ep2", "pp2", "tp2")
 BASELINE = "tp2"
@@ -26,25 +30,23 @@ BASELINE = "tp2"
 
 def build_report(out: Path, charts: bool = False) -> str:
     """Write the tables and FINDINGS.md under ``out``; return the report's text."""
+    config = apply_defaults(yaml.safe_load((HERE / "config.yaml").read_text()))
     runs = [HERE / "runs" / c for c in CONFIGS]
-    tables = build_tables_in(runs, BASELINE, out)
+    tables = build_tables_in(runs, BASELINE, out, config["cost"])
     write_correctness_tables([r / "coding_eval.json" for r in runs], [r / "greedy.jsonl" for r in runs],
                              [r / "meta.json" for r in runs], BASELINE, out / "correctness.csv",
                              out / "correctness.md")
     if charts:
         import pandas as pd
 
-        from servesweep.charts import save_chart, speedup_heatmap, throughput_chart
+        from servesweep.charts import write_charts
 
-        save_chart(throughput_chart(pd.read_csv(tables.cells)), out / "throughput_vs_concurrency.png",
-                   out / "throughput_vs_concurrency.svg")
-        save_chart(speedup_heatmap(pd.read_csv(tables.speedup), BASELINE), out / "speedup_heatmap.png",
-                   out / "speedup_heatmap.svg")
+        write_charts(pd.read_csv(tables.cells), pd.read_csv(tables.speedup), BASELINE, out)
     inputs = SimpleNamespace(cells=tables.cells, noise=tables.noise, throughput=tables.throughput_md,
                              speedup=tables.speedup, speedup_md=tables.speedup_md, energy_md=tables.energy_md,
                              correctness=out / "correctness.csv", correctness_md=out / "correctness.md",
                              meta=[r / "meta.json" for r in runs], env=HERE / "pipeline" / "env" / "vm.md")
-    return write_findings(out / "FINDINGS.md", inputs, BASELINE)
+    return write_findings(out / "FINDINGS.md", inputs, BASELINE, slos_from_config(config), config["cost"])
 
 
 def main(argv: list[str] | None = None) -> int:

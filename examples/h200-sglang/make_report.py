@@ -24,6 +24,7 @@ from servesweep.config import ServerConfig, apply_defaults  # noqa: E402
 from servesweep.correctness.job import CorrectnessSettings, skip_reason  # noqa: E402
 from servesweep.correctness.table import write_correctness_tables  # noqa: E402
 from servesweep.report import write_findings  # noqa: E402
+from servesweep.slo import slos_from_config  # noqa: E402
 
 CONFIGS = ("ar", "ngram", "ar-nograph")
 
@@ -47,7 +48,7 @@ def build_report(out: Path, runs: Path = HERE / "runs", charts: bool = False) ->
     baseline = config["baseline"]
     out.mkdir(parents=True, exist_ok=True)
     metas = [str(runs / c / "meta.json") for c in CONFIGS]
-    tables = build_tables_in([runs / c for c in CONFIGS], baseline, out)
+    tables = build_tables_in([runs / c for c in CONFIGS], baseline, out, config["cost"])
     settings = CorrectnessSettings.from_config(config.get("correctness"))
     coding, greedy = [], []
     for cfg in CONFIGS:
@@ -64,17 +65,14 @@ def build_report(out: Path, runs: Path = HERE / "runs", charts: bool = False) ->
     if charts:
         import pandas as pd
 
-        from servesweep.charts import save_chart, speedup_heatmap, throughput_chart
+        from servesweep.charts import write_charts
 
-        save_chart(throughput_chart(pd.read_csv(tables.cells)), out / "throughput_vs_concurrency.png",
-                   out / "throughput_vs_concurrency.svg")
-        save_chart(speedup_heatmap(pd.read_csv(tables.speedup), baseline), out / "speedup_heatmap.png",
-                   out / "speedup_heatmap.svg")
+        write_charts(pd.read_csv(tables.cells), pd.read_csv(tables.speedup), baseline, out)
     inputs = SimpleNamespace(cells=tables.cells, noise=tables.noise, throughput=tables.throughput_md, speedup=tables.speedup,
                              speedup_md=tables.speedup_md, energy_md=tables.energy_md,
                              correctness=out / "correctness.csv", correctness_md=out / "correctness.md",
                              meta=metas, env=out / "env.md")
-    return write_findings(out / "FINDINGS.md", inputs, baseline)
+    return write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"])
 
 
 def main(argv: list[str] | None = None) -> int:
