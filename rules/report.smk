@@ -3,10 +3,10 @@ rule plot_charts:
         cells="results/tables/cells.csv",
         speedup="results/tables/speedup.csv",
     output:
-        throughput_png=report("results/report/throughput_vs_concurrency.png", category="Charts"),
-        throughput_svg="results/report/throughput_vs_concurrency.svg",
-        speedup_png=report("results/report/speedup_heatmap.png", category="Charts"),
-        speedup_svg="results/report/speedup_heatmap.svg",
+        throughput_png=report_chart("throughput_vs_concurrency", "png"),
+        throughput_svg=report_chart("throughput_vs_concurrency", "svg"),
+        speedup_png=report_chart("speedup_heatmap", "png"),
+        speedup_svg=report_chart("speedup_heatmap", "svg"),
     params:
         baseline=BASELINE,
     log:
@@ -35,7 +35,7 @@ rule write_findings:
         env_facts=f"results/env/{HOST}.json",
         charts=rules.plot_charts.output,
     output:
-        findings=report("results/report/FINDINGS.md", category="Report"),
+        findings=in_report("results/report/FINDINGS.md", "findings", "Findings"),
     params:
         baseline=BASELINE,
     log:
