@@ -1,3 +1,4 @@
+# A new chart: one report_chart(name, fmt) output per file, and its caption in report/captions/<name>.rst.
 rule plot_charts:
     input:
         cells="results/tables/cells.csv",
