@@ -17,6 +17,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,16 +96,20 @@ class Chromium:
              "--remote-debugging-pipe", f"--user-data-dir={self._profile.name}",
              f"--window-size={self.width},{self.height}", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log, close_fds=False,
-            preexec_fn=wire_pipe)
+            preexec_fn=wire_pipe, start_new_session=True)
         os.close(to_browser_r)
         os.close(from_browser_w)
         threading.Thread(target=self._read, daemon=True).start()
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Log"):
-            self.call(f"{domain}.enable")
-        self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height, deviceScaleFactor=1,
-                  mobile=False)
+        try:
+            target = self.call("Target.createTarget", url="about:blank")["targetId"]
+            self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+            for domain in ("Page", "Runtime", "Log"):
+                self.call(f"{domain}.enable")
+            self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height,
+                      deviceScaleFactor=1, mobile=False)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -115,7 +120,7 @@ class Chromium:
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the browser and its renderers: the session it leads
             self.proc.wait()
         os.close(self._to_browser)
         self._log.close()
