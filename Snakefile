@@ -6,6 +6,9 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+report: "report/workflow.rst"
+
+
 # The embedded default applies only when no --configfile is given: a sweep file replaces it whole instead of being
 # merged into it (a merge would smuggle the default's server configs into every sweep).
 if not workflow.overwrite_configfiles:

@@ -6,12 +6,12 @@ rule aggregate_tables:
     output:
         cells="results/tables/cells.csv",
         repeats="results/tables/repeats.csv",
-        noise="results/tables/noise.json",
-        throughput=report("results/tables/throughput.csv", category="Tables"),
+        noise=report_table("noise", "json"),
+        throughput=report_table("throughput"),
         throughput_md="results/tables/throughput.md",
-        speedup=report("results/tables/speedup.csv", category="Tables"),
+        speedup=report_table("speedup"),
         speedup_md="results/tables/speedup.md",
-        energy=report("results/tables/energy.csv", category="Tables"),
+        energy=report_table("energy"),
         energy_md="results/tables/energy.md",
     params:
         baseline=BASELINE,

@@ -1,6 +1,7 @@
 import importlib.resources
 import os
 import socket
+from pathlib import Path
 
 from snakemake.utils import validate
 
@@ -117,3 +118,33 @@ def get_env_needs():
         "models": {m: config["models"][m] for m in get_models_used()},
         "nvls_configs": nvls_configs(config["server_configs"]),
     }
+
+
+def in_report(path, caption, category, **labels):
+    """`path` flagged for `snakemake --report`, described by report/captions/<caption>.rst and listed under
+    `category`; keyword labels (chart=..., format=...) become the columns the report lists the category's items by.
+    A missing caption file stops the workflow from loading instead of leaving an item unexplained in the report."""
+    if not (Path(workflow.basedir) / "report" / "captions" / f"{caption}.rst").exists():
+        raise WorkflowError(f"{path} is flagged for the report but report/captions/{caption}.rst does not exist: add "
+                            "it (what the item shows and how it was measured, citing docs/measurement.md)")
+    # Relative to rules/, where every rule that calls this is defined.
+    return report(path, caption=f"../report/captions/{caption}.rst", category=category, labels=labels or None)
+
+
+def report_chart(name, fmt):
+    """Chart results/report/<name>.<fmt> in the report's Charts category, captioned by report/captions/<name>.rst."""
+    return in_report(f"results/report/{name}.{fmt}", name, "Charts", chart=name.replace("_", " "), format=fmt.upper())
+
+
+def report_chart_dir(folder, name):
+    """A chart folder results/report/<folder>/ that holds <name>.png and .svg only where the chart could be drawn."""
+    caption = f"../report/captions/{name}.rst"
+    if not (Path(workflow.basedir) / "report" / "captions" / f"{name}.rst").exists():
+        raise WorkflowError(f"report/captions/{name}.rst does not exist: add it")
+    return report(directory(f"results/report/{folder}"), patterns=[name + ".{fmt}"], caption=caption,
+                  category="Charts", labels={"chart": name.replace("_", " "), "format": "{fmt}"})
+
+
+def report_table(name, fmt="csv"):
+    """Table results/tables/<name>.<fmt> in the report's Tables category, captioned by report/captions/<name>.rst."""
+    return in_report(f"results/tables/{name}.{fmt}", name, "Tables", table=name, format=fmt.upper())

@@ -4,7 +4,7 @@ rule check_lossless:
         greedy=get_run_outputs("greedy.jsonl"),
         meta=get_run_outputs("meta.json"),
     output:
-        csv=report("results/tables/correctness.csv", category="Tables"),
+        csv=report_table("correctness"),
         md="results/tables/correctness.md",
     params:
         baseline=BASELINE,

@@ -22,7 +22,7 @@ rule check_env:
         models=expand("resources/models/{model}/manifest.json", model=get_models_used()),
     output:
         facts=f"results/env/{HOST}.json",
-        card=report(f"results/env/{HOST}.md", category="Environment"),
+        card=in_report(f"results/env/{HOST}.md", "host", "Host"),
     params:
         needs=get_env_needs(),
     # On a cluster the check runs where the configs will: same partition, as many GPUs as the largest config.

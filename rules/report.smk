@@ -1,18 +1,19 @@
+# A new chart: one report_chart(name, fmt) output per file, and its caption in report/captions/<name>.rst.
 rule plot_charts:
     input:
         cells="results/tables/cells.csv",
         speedup="results/tables/speedup.csv",
     output:
-        throughput_png=report("results/report/throughput_vs_concurrency.png", category="Charts"),
-        throughput_svg="results/report/throughput_vs_concurrency.svg",
-        speedup_png=report("results/report/speedup_heatmap.png", category="Charts"),
-        speedup_svg="results/report/speedup_heatmap.svg",
-        frontier_png=report("results/report/frontier.png", category="Charts"),
-        frontier_svg="results/report/frontier.svg",
-        latency_png=report("results/report/latency_vs_throughput.png", category="Charts"),
-        latency_svg="results/report/latency_vs_throughput.svg",
+        throughput_png=report_chart("throughput_vs_concurrency", "png"),
+        throughput_svg=report_chart("throughput_vs_concurrency", "svg"),
+        speedup_png=report_chart("speedup_heatmap", "png"),
+        speedup_svg=report_chart("speedup_heatmap", "svg"),
+        frontier_png=report_chart("frontier", "png"),
+        frontier_svg=report_chart("frontier", "svg"),
+        latency_png=report_chart("latency_vs_throughput", "png"),
+        latency_svg=report_chart("latency_vs_throughput", "svg"),
         # Drawn only where GPU energy was measured: otherwise the folder stays empty.
-        energy=directory("results/report/energy"),
+        energy=report_chart_dir("energy", "energy_per_token"),
     params:
         baseline=BASELINE,
     log:
@@ -43,7 +44,7 @@ rule write_findings:
         env_facts=f"results/env/{HOST}.json",
         charts=rules.plot_charts.output,
     output:
-        findings=report("results/report/FINDINGS.md", category="Report"),
+        findings=in_report("results/report/FINDINGS.md", "findings", "Findings"),
     params:
         baseline=BASELINE,
         slo=config["slo"],

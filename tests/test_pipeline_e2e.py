@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from report_browser import decode_data_uri, find_chromium, render_report
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIP_DIRS = {"results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__"}
 
@@ -129,10 +131,47 @@ def test_pipeline_end_to_end(workdir):
     assert not leftover, "a server outlived its job"
 
 
-def test_snakemake_html_report(workdir):
+def test_snakemake_html_report(workdir, tmp_path):
+    """`snakemake --report` on the finished run, opened in headless Chromium: it renders, every chart, table and
+    the findings are in it and decode, and no link of any view is broken. The command runs no job."""
+    outputs = {p: p.stat().st_mtime_ns for p in (workdir / "results").rglob("*") if p.is_file()}
     snakemake(workdir, "--report", "report.html")
+    assert {p: p.stat().st_mtime_ns for p in (workdir / "results").rglob("*") if p.is_file()} == outputs
     html = (workdir / "report.html").read_text(errors="replace")
     assert "FINDINGS.md" in html and "throughput_vs_concurrency.png" in html
+
+    browser = find_chromium()
+    if browser is None:
+        pytest.skip("no chromium on PATH: `./setup.sh --test` installs it with apt-get (Debian package chromium)")
+    shot = tmp_path / "report.png"
+    chart = "results/report/throughput_vs_concurrency.png"
+    seen = render_report(workdir / "report.html", browser, screenshot=shot, screenshot_result=chart)
+    assert seen.errors == [] and seen.broken_links == {}
+    assert seen.title == "Snakemake Report"
+    assert "servesweep: LLM-serving benchmark" in seen.workflow_text and "Baseline of every comparison: ar" in \
+        seen.workflow_text and "ar, ar-copy, ngram." in seen.workflow_text
+    for category in ("Findings", "Charts", "Tables", "Host"):
+        assert category in seen.menu_text
+    # Every chart the run wrote is in the report (a chart added without report_chart fails here), shown and decoded
+    # by the browser.
+    charts = {str(p.relative_to(workdir)) for p in (workdir / "results/report").glob("*") if p.suffix in
+              (".png", ".svg")}
+    assert len(charts) >= 4 and set(seen.categories["Charts"]) == charts
+    assert set(seen.images_shown) == charts
+    assert all(img["width"] > 100 and img["height"] > 100 for img in seen.images_shown.values()), seen.images_shown
+    assert seen.categories["Findings"] == ["results/report/FINDINGS.md"]
+    assert set(seen.categories["Tables"]) == {f"results/tables/{t}.csv" for t in
+                                               ("throughput", "speedup", "energy", "correctness")} | \
+        {"results/tables/noise.json"}
+    assert [Path(p).parent.name for p in seen.categories["Host"]] == ["env"]
+    # What the report embeds is byte for byte what the run wrote, and each item says what it is.
+    for path, item in seen.embedded.items():
+        assert decode_data_uri(item["data_uri"])[1] == (workdir / path).read_bytes(), path
+        assert len(item["caption"]) > 150 and "{{" not in item["caption"], path
+        assert "system-message" not in item["caption"], item["caption"]
+    assert "System Message" not in seen.workflow_text
+    assert "literal\">ar</" in seen.embedded["results/report/speedup_heatmap.png"]["caption"]  # baseline filled in
+    assert shot.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_nothing_to_do_after_a_complete_run(workdir):
