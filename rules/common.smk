@@ -141,7 +141,7 @@ def report_chart_dir(folder, name):
     caption = f"../report/captions/{name}.rst"
     if not (Path(workflow.basedir) / "report" / "captions" / f"{name}.rst").exists():
         raise WorkflowError(f"report/captions/{name}.rst does not exist: add it")
-    return report(directory(f"results/report/{folder}"), patterns=[name + ".{fmt}"], caption=caption,
+    return report(directory(f"results/report/{folder}"), patterns=[f"{name}.{{fmt}}"], caption=caption,
                   category="Charts", labels={"chart": name.replace("_", " "), "format": "{fmt}"})
 
 

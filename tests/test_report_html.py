@@ -34,6 +34,7 @@ def test_every_report_item_has_a_caption_file():
     for smk in set((ROOT / "rules").glob("*.smk")) - {ROOT / "rules" / "common.smk"}:
         text = smk.read_text()
         used |= set(re.findall(r'report_chart\("(\w+)"', text)) | set(re.findall(r'report_table\("(\w+)"', text))
+        used |= set(re.findall(r'report_chart_dir\("\w+", "(\w+)"', text))
         used |= set(re.findall(r'in_report\([^,]+, "(\w+)"', text))
         assert not re.search(r"\breport\(", text), f"{smk.name}: wrap report items with in_report/report_chart/" \
                                                    "report_table so that each gets its caption"
