@@ -140,7 +140,7 @@ def test_kimi_config_validates():
 def test_snapshot_accepts_the_mapping():
     snap = load_snapshot("0.5.17")
     accepted = set(snap["flags"])
-    assert snap["sglang_version"] == "0.5.17" and "commit" in snap["made_from"]["origin"]
+    assert snap["sglang_version"] == "0.5.17" and snap["made_from"]["kind"] == "installed SGLang argparse"
     upstream = {k: v for k, v in EVERY_KEY.items() if k != "ddtree_budget"}
     argv = build_argv(upstream, "0.5.17") + ["--model-path", "m", "--served-model-name", "m", "--host", "h",
                                              "--port", "1", "--enable-metrics", "--tokenizer-path", "t",
