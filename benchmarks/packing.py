@@ -119,8 +119,9 @@ def compare(args: argparse.Namespace) -> int:
     keys = ["workload", "ctx", "concurrency"]
     for name in sorted(set(serial["repeats"]) & set(packed["repeats"])):
         s_df, p_df = serial["repeats"][name], packed["repeats"][name]
+        p_groups = dict(list(p_df.groupby(keys)))
         for key, s_cell in s_df.groupby(keys):
-            p_cell = p_df.set_index(keys).loc[[key]] if key in p_df.set_index(keys).index else None
+            p_cell = p_groups.get(key)
             if p_cell is None:
                 continue
             a = list(p_cell["agg_output_tok_s"])

@@ -474,6 +474,39 @@ def setup_section(metas: list[dict]) -> list[str]:
     return lines
 
 
+def side_by_side(metas: list[dict]) -> list[dict]:
+    """Pairs of configs whose measurements overlapped in time on one host (first cell to server stop): packed onto
+    disjoint GPUs with ``--resources gpu=N``, or CPU-engine jobs allowed to run together. Each: the two configs,
+    their GPUs (``CUDA_VISIBLE_DEVICES`` as launched) and the overlap in seconds."""
+    out = []
+    spans = []
+    for m in metas:
+        begin, end = m.get("first_cell_at") or m.get("ready_at"), m.get("stop_time")
+        if begin is not None and end is not None:
+            spans.append((m, begin, end))
+    for i, (a, a0, a1) in enumerate(spans):
+        for b, b0, b1 in spans[i + 1:]:
+            overlap = min(a1, b1) - max(a0, b0)
+            if a.get("host") == b.get("host") and overlap > 0:
+                out.append({"configs": (a["config"], b["config"]), "overlap_s": overlap,
+                            "gpus": tuple((m.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or "none"
+                                          for m in (a, b))})
+    return out
+
+
+def side_by_side_note(metas: list[dict]) -> list[str]:
+    pairs = side_by_side(metas)
+    if not pairs:
+        return []
+    text = "; ".join(f"`{p['configs'][0]}` (GPUs {p['gpus'][0]}) with `{p['configs'][1]}` (GPUs {p['gpus'][1]}) "
+                     f"for {p['overlap_s']:.0f} s" for p in pairs)
+    return [f"**Measured side by side** on one host: {text}. Each server had its own GPUs, but they shared the host's "
+            "CPUs, memory bandwidth and PCIe; a config measured beside another may be slower than alone, so a "
+            "comparison between configs that ran alone and configs that ran side by side mixes two conditions "
+            "(docs/performance.md, \"Packing configs onto GPUs\", has one measurement of the effect). Run with "
+            "`--resources gpu=1` to measure them one after the other.", ""]
+
+
 def _first_status_at(meta: dict, status: str) -> float | None:
     return next((h["t"] for h in meta.get("health_transitions") or [] if h.get("status") == status), None)
 
@@ -689,7 +722,8 @@ def write_findings(out_path: Path, inputs, baseline: str, slos: list[SLO] | None
                 else f" ({cores} CPU cores; CPU model not recorded)" if cores else "")
     lines += ["## Setup", "", f"Host `{host}`{cpu_text}; {len(metas)} server configs; baseline `{baseline}`. "
               + _matrix_text(matrix), ""]
-    lines += setup_section(metas) + [""] + dummy_weights_note(metas) + startup_section(metas)
+    lines += setup_section(metas) + [""] + side_by_side_note(metas) + dummy_weights_note(metas)
+    lines += startup_section(metas)
     lines += workloads_section(metas, cells)
 
     lines += ["## Findings", ""] + noise_paragraph(noise)

@@ -193,3 +193,19 @@ def test_frontier_chart_marks_the_frontier_and_energy_chart_needs_energy(tmp_pat
     assert (tmp_path / "energy").is_dir() and not any((tmp_path / "energy").iterdir())
     cells["gpu_j_per_output_token"] = [0.5, 0.1, 0.6, 0.09]
     assert energy_chart(cells) is not None
+
+
+def test_configs_measured_side_by_side_are_named_with_their_gpus_and_overlap():
+    from servesweep.report import side_by_side, side_by_side_note
+
+    def meta(name, begin, end, gpus, host="h"):
+        return {"config": name, "first_cell_at": begin, "stop_time": end, "host": host,
+                "env": {"CUDA_VISIBLE_DEVICES": gpus}}
+
+    metas = [meta("ar", 100, 200, "0"), meta("ngram", 150, 260, "1"), meta("nograph", 260, 400, "0"),
+             meta("other-host", 100, 400, "0", host="g")]
+    pairs = side_by_side(metas)
+    assert [(p["configs"], p["overlap_s"], p["gpus"]) for p in pairs] == [(("ar", "ngram"), 50, ("0", "1"))]
+    note = " ".join(side_by_side_note(metas))
+    assert "`ar` (GPUs 0) with `ngram` (GPUs 1) for 50 s" in note
+    assert side_by_side_note([meta("ar", 100, 200, "0"), meta("ngram", 200, 300, "0")]) == []
