@@ -1,0 +1,320 @@
+"""Turn a Gemma-3 GGUF into a Hugging Face model folder (config.json, safetensors, tokenizer) for GPU engines.
+
+Pure Python + numpy through ``gguf`` (gguf-py): no torch. Every tensor is dequantised with
+:func:`gguf.quants.dequantize` (Q4_K, Q5_0, Q6_K, Q8_0, F16, F32, …), renamed from llama.cpp's names back to
+``Gemma3ForCausalLM``'s, and what llama.cpp's ``convert_hf_to_gguf.py`` (class ``Gemma3Model``) did to it is undone:
+
+* every ``*norm.weight`` was stored as ``w + 1`` (Gemma3RMSNorm computes ``x * (1 + w)``; llama.cpp multiplies by the
+  stored value) — 1 is subtracted again;
+* no q/k permutation: Gemma3Model derives from TextModel, not LlamaModel, so q_proj and k_proj are stored as they are;
+* the embedding is not pre-scaled (both runtimes multiply by sqrt(hidden_size) at run time); rows past the
+  SentencePiece vocabulary were dropped, so ``vocab_size`` is the embedding's row count;
+* the output head is tied to the embedding unless the GGUF has an ``output.weight``.
+
+Q4_K_M dequantised is not the original bf16 checkpoint: the weights carry the quantisation error (docs/models.md,
+"What conversion loses", measures what it changes). Weights are written as bf16 (the original model's dtype, half
+the size of float32; rounded to nearest even) unless ``dtype`` says float16 or float32 (exact for the dequantised
+values).
+
+    python -m servesweep.gguf_convert MODEL.gguf OUT_DIR [--dtype bfloat16|float16|float32]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# HF Gemma3ForCausalLM name per llama.cpp name (gguf-py's TensorNameMap for MODEL_ARCH.GEMMA3, inverted).
+GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+NORM_SHIFT = 1.0  # convert_hf_to_gguf.py Gemma3Model.norm_shift
+DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)\.weight$")
+
+# What a Gemma-3 GGUF does not record, with the value llama.cpp itself assumes for the architecture
+# (src/llama-model.cpp, LLM_ARCH_GEMMA3) and that google/gemma-3-270m's config.json states.
+GEMMA3_FIXED = {
+    "hidden_activation": "gelu_pytorch_tanh",   # llama.cpp: GELU (tanh approximation) in the gated FFN
+    "rope_local_base_freq": 10000.0,            # llama.cpp: sliding-window layers use rope base 10000
+    "sliding_window_pattern": 6,                # llama.cpp: set_swa_pattern(6): every 6th layer is global
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": None,             # removed in Gemma 3 (the converter asserts it is None)
+    "final_logit_softcapping": None,
+    "initializer_range": 0.02,
+    "use_cache": True,
+}
+
+
+class ConversionError(ValueError):
+    """The GGUF is not one this converter can turn into a Gemma3ForCausalLM folder."""
+
+
+def hf_name(gguf_name: str) -> str:
+    """The Hugging Face tensor name for a llama.cpp tensor name of a Gemma-3 GGUF."""
+    if gguf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[gguf_name]
+    m = _BLOCK.match(gguf_name)
+    if m and m.group(2) in BLOCK_NAMES:
+        return f"model.layers.{m.group(1)}.{BLOCK_NAMES[m.group(2)]}.weight"
+    raise ConversionError(f"tensor '{gguf_name}' has no Gemma3ForCausalLM counterpart")
+
+
+def _field(reader, key, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def hf_config(reader) -> tuple[dict, list[str]]:
+    """config.json for Gemma3ForCausalLM from the GGUF's ``gemma3.*`` metadata; also the keys filled by assumption."""
+    arch = _field(reader, "general.architecture")
+    if arch != "gemma3":
+        raise ConversionError(f"general.architecture is '{arch}', this converter handles 'gemma3' only")
+
+    def need(key):
+        value = _field(reader, f"gemma3.{key}")
+        if value is None:
+            raise ConversionError(f"GGUF metadata lacks gemma3.{key}")
+        return value
+
+    n_layers = int(need("block_count"))
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    head_dim = int(_field(reader, "gemma3.attention.key_length", hidden // heads))
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    pattern = GEMMA3_FIXED["sliding_window_pattern"]
+    assumed = sorted(GEMMA3_FIXED) + ["query_pre_attn_scalar", "layer_types"]
+    config = {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "vocab_size": int(embd.shape[1]),  # GGUF shapes are innermost first: [hidden, vocab]
+        "hidden_size": hidden,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(need("attention.head_count_kv")),
+        "head_dim": head_dim,
+        "max_position_embeddings": int(need("context_length")),
+        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(need("rope.freq_base")),
+        "sliding_window": int(need("attention.sliding_window")),
+        # llama.cpp scales queries by 1/sqrt(head_dim) for every Gemma 3 size but 27B (1/sqrt(hidden/heads)).
+        "query_pre_attn_scalar": head_dim,
+        "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)],
+        "rope_scaling": None,
+        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
+        "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id", 2)),
+        "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id", 1)),
+        "pad_token_id": int(_field(reader, "tokenizer.ggml.padding_token_id", 0)),
+        "torch_dtype": "bfloat16",
+    }
+    if _field(reader, "gemma3.rope.scaling.type") is not None:
+        kind = _field(reader, "gemma3.rope.scaling.type")
+        if kind != "linear":
+            raise ConversionError(f"gemma3.rope.scaling.type '{kind}': only linear scaling exists in Gemma 3")
+        config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    config.update(GEMMA3_FIXED)
+    return config, assumed
+
+
+def hf_tensor(tensor) -> np.ndarray:
+    """One GGUF tensor dequantised to float32 in Hugging Face's shape, with llama.cpp's norm shift undone."""
+    from gguf.quants import dequantize
+
+    data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dimensions innermost first
+    data = data.reshape(shape)
+    if tensor.name.endswith("norm.weight"):
+        data = data - np.float32(NORM_SHIFT)
+    return data
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 → bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) → float32, exactly."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _encode(data: np.ndarray, dtype: str) -> bytes:
+    if dtype == "bfloat16":
+        return to_bf16_bits(data).tobytes()
+    return np.ascontiguousarray(data, dtype=np.float16 if dtype == "float16" else np.float32).tobytes()
+
+
+def write_safetensors(reader, path: Path, dtype: str = "bfloat16") -> list[str]:
+    """Write every tensor of ``reader`` into one safetensors file, one tensor in memory at a time; return names.
+
+    The header is known before any tensor is dequantised (names, shapes, dtype), so tensors stream to disk.
+    """
+    if dtype not in DTYPES:
+        raise ConversionError(f"dtype '{dtype}': use one of {', '.join(DTYPES)}")
+    itemsize = 4 if dtype == "float32" else 2
+    order = sorted(reader.tensors, key=lambda t: hf_name(t.name))
+    header, offset = {}, 0
+    for t in order:
+        shape = [int(d) for d in reversed(t.shape)]
+        nbytes = int(np.prod(shape)) * itemsize
+        header[hf_name(t.name)] = {"dtype": DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
+    with open(path, "wb") as fh:
+        fh.write(len(blob).to_bytes(8, "little"))
+        fh.write(blob)
+        for t in order:
+            fh.write(_encode(hf_tensor(t), dtype))
+    return [hf_name(t.name) for t in order]
+
+
+def build_tokenizer(reader, add_bos: bool | None = None):
+    """Gemma-3's tokenizer as a ``tokenizers.Tokenizer``, rebuilt from the GGUF's SentencePiece vocabulary.
+
+    The GGUF holds pieces, scores and types, not BPE merges; the merges are derived as Hugging Face's slow-to-fast
+    converter does (every split of a normal piece into two vocabulary pieces, ranked by the merged piece's score).
+    Spaces become "▁", no space prefix (``tokenizer.ggml.add_space_prefix`` is false for Gemma 3), byte fallback for
+    unknown characters, control and user-defined pieces matched whole. BOS is prepended when ``add_bos`` (default:
+    ``tokenizer.ggml.add_bos_token``).
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    if _field(reader, "tokenizer.ggml.model") != "llama":
+        raise ConversionError(f"tokenizer.ggml.model is '{_field(reader, 'tokenizer.ggml.model')}', expected "
+                              "'llama' (SentencePiece)")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    scores = _field(reader, "tokenizer.ggml.scores")
+    types = _field(reader, "tokenizer.ggml.token_type")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = sorted(((scores[i], vocab[t[:k]], vocab[t[k:]], t[:k], t[k:])
+                     for i, t in enumerate(tokens) if types[i] == 1 and len(t) > 1
+                     for k in range(1, len(t)) if t[:k] in vocab and t[k:] in vocab),
+                    key=lambda m: (-m[0], m[1], m[2]))
+    unk = int(_field(reader, "tokenizer.ggml.unknown_token_id", 3))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[(m[3], m[4]) for m in merges], unk_token=tokens[unk],
+                               byte_fallback=True, fuse_unk=True))
+    if _field(reader, "tokenizer.ggml.add_space_prefix", False):
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    else:
+        tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_tokens([AddedToken(t, special=types[i] == 3, normalized=False)
+                    for i, t in enumerate(tokens) if types[i] in (3, 4)])
+    if add_bos is None:
+        add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False))
+    if add_bos:
+        bos_id = int(_field(reader, "tokenizer.ggml.bos_token_id", 2))
+        bos = tokens[bos_id]
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                           special_tokens=[(bos, bos_id)])
+    return tok
+
+
+def _tokenizer_config(reader) -> dict:
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+
+    def token(key, default):
+        return tokens[int(_field(reader, key, default))]
+
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": token("tokenizer.ggml.bos_token_id", 2),
+        "eos_token": token("tokenizer.ggml.eos_token_id", 1),
+        "unk_token": token("tokenizer.ggml.unknown_token_id", 3),
+        "pad_token": token("tokenizer.ggml.padding_token_id", 0),
+        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
+        "model_max_length": int(_field(reader, "gemma3.context_length", 32768)),
+        "clean_up_tokenization_spaces": False,
+    }
+    template = _field(reader, "tokenizer.chat_template")
+    if template:
+        config["chat_template"] = template
+    return config
+
+
+WEIGHTS = "model.safetensors"
+
+
+def convert(gguf_path, out_dir, dtype: str = "bfloat16") -> dict:
+    """Convert ``gguf_path`` into a Hugging Face folder ``out_dir``; return a summary (tensors, assumed keys).
+
+    Files are written under temporary names and renamed when complete, so a folder with a config.json never holds
+    a half-written model.
+    """
+    from gguf import GGUFReader
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    reader = GGUFReader(str(gguf_path))
+    config, assumed = hf_config(reader)
+    for t in reader.tensors:
+        hf_name(t.name)  # every tensor must map before anything is written
+    if config["vocab_size"] != len(_field(reader, "tokenizer.ggml.tokens")):
+        raise ConversionError(f"token_embd has {config['vocab_size']} rows but the vocabulary "
+                              f"{len(_field(reader, 'tokenizer.ggml.tokens'))} pieces")
+    config["torch_dtype"] = dtype
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
+                  "pad_token_id": config["pad_token_id"]}
+    tmp = out / (WEIGHTS + ".part")
+    names = write_safetensors(reader, tmp, dtype)
+    os.replace(tmp, out / WEIGHTS)
+    build_tokenizer(reader).save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", _tokenizer_config(reader))
+    _write_json(out / "special_tokens_map.json", {k: v for k, v in _tokenizer_config(reader).items()
+                                                  if k in ("bos_token", "eos_token", "unk_token", "pad_token")})
+    _write_json(out / "generation_config.json", generation)
+    _write_json(out / "config.json", config)  # last: its presence marks a complete folder
+    return {"tensors": len(names), "dtype": dtype, "assumed_config_keys": assumed}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("gguf", help="a Gemma-3 GGUF file")
+    ap.add_argument("out", help="the Hugging Face model folder to write")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    args = ap.parse_args(argv)
+    summary = convert(args.gguf, args.out, args.dtype)
+    print(f"{args.out}: {summary['tensors']} tensors ({summary['dtype']}); config keys not in the GGUF, set to "
+          f"Gemma 3's values: {', '.join(summary['assumed_config_keys'])}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
