@@ -107,6 +107,7 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
         if not WILDCARD_SAFE.match(name):
             problems.append((f"models.{name}", "name is not usable in file paths",
                              "use letters, digits, '.', '_', '+', '-' and start with a letter or digit"))
+    problems += _gguf_to_hf_problems(models)
     for name in configs:
         if not WILDCARD_SAFE.match(name):
             problems.append((f"server_configs.{name}", "name is not usable as a wildcard or file name",
@@ -147,6 +148,36 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
         values = matrix.get(key, [])
         if len(set(values)) != len(values):
             problems.append((f"matrix.{key}", "has duplicate values", "list each value once"))
+    return problems
+
+
+def _gguf_to_hf_problems(models: dict) -> list[tuple[str, str, str]]:
+    """A ``gguf_to_hf`` source names exactly one GGUF (an existing gguf entry or a path) and yields an hf model."""
+    problems = []
+    for name, model in models.items():
+        spec = (model.get("source") or {}).get("gguf_to_hf")
+        if spec is None:
+            continue
+        key = f"models.{name}.source.gguf_to_hf"
+        given = [k for k in ("model", "path") if k in spec]
+        if len(given) != 1:
+            problems.append((key, f"needs exactly one of `model` or `path` (found {', '.join(given) or 'neither'})",
+                             "name a model entry whose format is gguf (`model: <name>`) or a GGUF file (`path:`)"))
+        ref = spec.get("model")
+        if ref is not None:
+            gguf_models = sorted(m for m, e in models.items() if e.get("format") == "gguf")
+            if ref not in models:
+                problems.append((f"{key}.model", f"model '{ref}' is not defined under models",
+                                 f"name a gguf model entry: {', '.join(gguf_models) or '(none defined)'}"))
+            elif models[ref].get("format") != "gguf":
+                problems.append((f"{key}.model", f"model '{ref}' has format '{models[ref].get('format', 'hf')}', "
+                                 "not gguf", f"name a gguf model entry: {', '.join(gguf_models) or '(none defined)'}"))
+        if model.get("format", "hf") != "hf":
+            problems.append((f"models.{name}.format", "a gguf_to_hf source yields a Hugging Face folder",
+                             "set `format: hf` (or leave it out)"))
+        if model.get("sha256"):
+            problems.append((f"models.{name}.sha256", "a converted folder has no single-file sha256",
+                             "remove it; the manifest records the sha256 of every written file and of the GGUF"))
     return problems
 
 

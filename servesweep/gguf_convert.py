@@ -90,6 +90,11 @@ def _field(reader, key, default=None):
     return field.contents()
 
 
+def _f32(value) -> float:
+    """A float32 metadata value as the shortest decimal that reads back to it (9.99999997e-07 → 1e-06)."""
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="-")) if value else float(value)
+
+
 def hf_config(reader) -> tuple[dict, list[str]]:
     """config.json for Gemma3ForCausalLM from the GGUF's ``gemma3.*`` metadata; also the keys filled by assumption."""
     arch = _field(reader, "general.architecture")
@@ -120,8 +125,8 @@ def hf_config(reader) -> tuple[dict, list[str]]:
         "num_key_value_heads": int(need("attention.head_count_kv")),
         "head_dim": head_dim,
         "max_position_embeddings": int(need("context_length")),
-        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(need("rope.freq_base")),
+        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32(need("rope.freq_base")),
         "sliding_window": int(need("attention.sliding_window")),
         # llama.cpp scales queries by 1/sqrt(head_dim) for every Gemma 3 size but 27B (1/sqrt(hidden/heads)).
         "query_pre_attn_scalar": head_dim,
@@ -264,6 +269,11 @@ def _tokenizer_config(reader) -> dict:
 
 
 WEIGHTS = "model.safetensors"
+# Every file convert() writes (the model's manifest lists and hashes these).
+OUTPUT_FILES = ("config.json", "generation_config.json", WEIGHTS, "special_tokens_map.json", "tokenizer.json",
+                "tokenizer_config.json")
+# Raised when a change to the conversion changes what it writes: converted folders are then rebuilt.
+CONVERTER_VERSION = "1"
 
 
 def convert(gguf_path, out_dir, dtype: str = "bfloat16") -> dict:

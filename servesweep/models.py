@@ -1,7 +1,8 @@
 """Materialise a model entry on this host and write its manifest (files, sizes, sha256, source, revision).
 
 Local paths and files shipped inside Python packages are handled here; URL lists and Hugging Face repositories go
-through :mod:`servesweep.download` (aria2c). A complete model is never fetched or copied again.
+through :mod:`servesweep.download` (aria2c); ``gguf_to_hf`` converts another entry's GGUF (or a GGUF path) into a
+Hugging Face folder (:mod:`servesweep.gguf_convert`). A complete model is never fetched, copied or converted again.
 """
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ def _check_sha(name: str, path: Path, expected: str | None) -> str:
     return actual
 
 
-def materialise(name: str, model: dict, dest_dir: Path, log=None) -> dict:
-    """Make model ``name`` available under ``dest_dir`` (or in place for local paths); return its manifest."""
+def materialise(name: str, model: dict, dest_dir: Path, log=None, source_manifests: dict | None = None) -> dict:
+    """Make model ``name`` available under ``dest_dir`` (or in place for local paths); return its manifest.
+
+    ``source_manifests`` maps a model name to its manifest, for sources built from another entry (``gguf_to_hf``).
+    """
     source = model["source"]
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -56,9 +60,78 @@ def materialise(name: str, model: dict, dest_dir: Path, log=None) -> dict:
             # Directories can hold hundreds of GB: sizes only, hashes come from the download manifest if any.
             files = [_file_entry(p, path, with_hash=False) for p in sorted(path.rglob("*")) if p.is_file()]
         manifest.update(path=str(path), revision=None, files=files)
+    elif "gguf_to_hf" in source:
+        manifest.update(convert_gguf(name, source["gguf_to_hf"], dest_dir, source_manifests or {}, log=log))
     else:
         manifest.update(fetch(name, model, dest_dir, log=log))
     return manifest
+
+
+CONVERTED_STAMP = ".converted.json"
+
+
+def _gguf_input(name: str, spec: dict, source_manifests: dict) -> tuple[Path, str, dict]:
+    """The GGUF a ``gguf_to_hf`` source converts: its path, sha256 and what the manifest records about it."""
+    key = f"models.{name}.source.gguf_to_hf"
+    if "model" in spec:
+        ref = spec["model"]
+        if ref not in source_manifests:
+            raise ValueError(f"config key `{key}.model`: the manifest of model '{ref}' was not given — fix: "
+                             f"materialise models.{ref} first (the download_model rule does)")
+        ref_manifest = source_manifests[ref]
+        path = Path(ref_manifest["path"])
+        if not path.is_file() or path.suffix != ".gguf":
+            raise ValueError(f"config key `{key}.model`: model '{ref}' is at {path}, not a GGUF file — fix: name "
+                             "a model whose `format` is gguf")
+        digest = next((f["sha256"] for f in ref_manifest.get("files", []) if f["name"] == path.name
+                       and f.get("sha256")), None) or sha256_file(path)
+        return path, digest, {"model": ref, "path": str(path), "sha256": digest}
+    path = Path(os.path.expanduser(spec["path"])).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"config key `{key}.path`: {path} is not a file — fix: give the path of a GGUF "
+                                "file on this host")
+    digest = sha256_file(path)
+    return path, digest, {"path": str(path), "sha256": digest}
+
+
+def convert_gguf(name: str, spec: dict, dest_dir: Path, source_manifests: dict, log=None) -> dict:
+    """Convert the GGUF of a ``gguf_to_hf`` source into a Hugging Face folder ``dest_dir``; return manifest fields.
+
+    A stamp in ``dest_dir`` records the source GGUF's sha256, the dtype and every written file's size, mtime and
+    sha256: when they all still hold, nothing is converted or hashed again.
+    """
+    from servesweep import gguf_convert
+
+    dest = Path(dest_dir)
+    gguf_path, gguf_sha, gguf_record = _gguf_input(name, spec, source_manifests)
+    dtype = spec.get("dtype", "bfloat16")
+    wanted = {"gguf_sha256": gguf_sha, "dtype": dtype, "converter": gguf_convert.CONVERTER_VERSION}
+    stamp_path = dest / CONVERTED_STAMP
+    stamp = json.loads(stamp_path.read_text()) if stamp_path.exists() else {}
+    if {k: stamp.get(k) for k in wanted} == wanted and stamp.get("files") and all(
+            (dest / f["name"]).is_file() and (dest / f["name"]).stat().st_size == f["size"]
+            and (dest / f["name"]).stat().st_mtime_ns == f["mtime_ns"] for f in stamp["files"]):
+        if log:
+            print(f"{name}: already converted from {gguf_path.name} (sha256 {gguf_sha[:12]}…)", file=log)
+        summary = stamp["summary"]
+    else:
+        if log:
+            print(f"{name}: converting {gguf_path} to a Hugging Face folder ({dtype})", file=log)
+        stamp_path.unlink(missing_ok=True)
+        summary = gguf_convert.convert(gguf_path, dest, dtype)
+        files = []
+        for p in sorted(dest.iterdir()):
+            if p.is_file() and p.name in gguf_convert.OUTPUT_FILES:
+                stat = p.stat()
+                files.append({"name": p.name, "size": stat.st_size, "sha256": sha256_file(p),
+                              "mtime_ns": stat.st_mtime_ns})
+        stamp = {**wanted, "summary": summary, "files": files}
+        tmp = stamp_path.with_name(CONVERTED_STAMP + ".part")
+        tmp.write_text(json.dumps(stamp, indent=2) + "\n")
+        os.replace(tmp, stamp_path)
+    return {"path": str(dest.resolve()), "revision": f"gguf_convert {gguf_convert.CONVERTER_VERSION}",
+            "source_gguf": gguf_record, "conversion": summary,
+            "files": [{k: f[k] for k in ("name", "size", "sha256")} for f in stamp["files"]]}
 
 
 def _dist_version(module_name: str) -> str | None:
@@ -70,6 +143,12 @@ def _dist_version(module_name: str) -> str | None:
         except PackageNotFoundError:
             continue
     return None
+
+
+def read_manifests(paths) -> dict:
+    """Manifests by model name, from their files (the inputs of a model built from another)."""
+    manifests = [json.loads(Path(p).read_text()) for p in paths]
+    return {m["model"]: m for m in manifests}
 
 
 def write_manifest(manifest: dict, path: Path) -> None:
