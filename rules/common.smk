@@ -41,6 +41,12 @@ def get_model_of(wildcards):
     return f"resources/models/{model}/manifest.json"
 
 
+def get_source_manifests(wildcards):
+    """Manifests of the models a model is built from (`source.gguf_to_hf.model`)."""
+    ref = config["models"][wildcards.model]["source"].get("gguf_to_hf", {}).get("model")
+    return [f"resources/models/{ref}/manifest.json"] if ref else []
+
+
 def get_engine_of(wildcards):
     """The prepared-engine facts a config's bench job needs."""
     return f"resources/engines/{config['server_configs'][wildcards.cfg]['engine']}.json"

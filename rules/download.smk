@@ -5,12 +5,6 @@ if any(config["models"][m]["source"].get("huggingface", {}).get("token_required"
         "HF_TOKEN",
 
 
-def get_source_manifests(wildcards):
-    """Manifests of the models a model is built from (`source.gguf_to_hf.model`)."""
-    ref = config["models"][wildcards.model]["source"].get("gguf_to_hf", {}).get("model")
-    return [f"resources/models/{ref}/manifest.json"] if ref else []
-
-
 rule download_model:
     input:
         sources=get_source_manifests,
