@@ -416,7 +416,8 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
         "labels": sc.labels, "options": sc.options, "host": socket.gethostname(), "platform": platform.platform(),
         "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "warnings": engine.config_warnings(cfg_name, config["server_configs"][cfg_name],
                                                                           sc.model, config),
-        "matrix": config["matrix"], "request_rates": matrix.request_rates, "status": "running",
+        "matrix": config["matrix"], "request_rates": matrix.request_rates,
+        "slo": config.get("slo") or {}, "status": "running",
     }
     meta["warnings"] += reaped
     meta["host_lease"] = {"locks": [p.name for p in lease.paths], "waited_s": lease.waited_s}

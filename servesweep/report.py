@@ -14,6 +14,7 @@ from servesweep import stats as stats_mod
 from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT, band_for
 from servesweep.speculation import speculation_status
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
+from servesweep.report_rate import closed_loop_views, rate_section
 
 
 
@@ -485,6 +486,8 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     for m in metas:
         m["speculative"] = bool((m.get("labels") or {}).get("speculative") not in (None, "none"))
     env_card = Path(inputs.env).read_text()
+    rate_lines = rate_section(cells, metas)  # then the closed-loop sections below see closed-loop cells only
+    cells, speedup, repeats = closed_loop_views(cells, speedup, repeats)
     matrix = metas[0]["matrix"] if metas else {}
     host = metas[0].get("host") if metas else "?"
 
@@ -541,6 +544,7 @@ def write_findings(out_path: Path, inputs, baseline: str) -> str:
     lines += correctness_section(pd.read_csv(inputs.correctness), Path(inputs.correctness_md).read_text(), baseline)
     lines += power_energy_section(cells, Path(inputs.energy_md).read_text())
 
+    lines += rate_lines
     lines += ["## Tables", "", "### Throughput and latency (mean ± 95 % half-width over the repeats)", "",
               "ITL/token spreads each arrival's gap over the tokens it carried (its mean equals TPOT); ITL/chunk is "
               "the gap between arrivals, what vLLM's and SGLang's clients call ITL — larger whenever a chunk "
