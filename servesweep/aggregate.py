@@ -265,7 +265,9 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
       misses launch-to-launch variation, which only a replicate measures; the report says which source was used.
     - With one repeat and no replicate there is no band, and no difference is called.
 
-    Bands are kept per workload (``by_workload``); ``band`` is the largest of them.
+    Bands are kept per workload (``by_workload``); ``band`` is the largest of them. They come from the closed-loop
+    cells when the sweep has any: a rate cell's throughput follows the load it is offered, so its spread says how
+    many of the schedule's sends fell inside the window, not how much the server's speed varies.
     """
     replicas = {m["config"]: m["labels"]["replicate_of"] for m in metas
                 if (m.get("labels") or {}).get("replicate_of")}
@@ -273,6 +275,9 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
     for copy, original in identical.items():
         replicas.setdefault(copy, original)
     per_cell = []
+    repeats = _keyed(repeats)
+    if "load" in repeats and (repeats["load"] == "concurrency").any():
+        repeats = repeats[repeats["load"] == "concurrency"]
     for copy, original in sorted(replicas.items()):
         for r in ratio_rows(repeats, copy, original):
             per_cell.append({**r, "config": copy, "reference": original,
@@ -280,7 +285,7 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
     if per_cell:
         return {"source": "replicate", **_bands(per_cell), "replicates": replicas,
                 "identical_configs": identical, "cells": per_cell}
-    base = _keyed(clean_repeats(repeats))
+    base = clean_repeats(repeats)
     base = base[base["config"] == baseline]
     spreads = []
     for key, g in base.groupby(CELL_KEYS, dropna=False):
