@@ -44,6 +44,7 @@ ENERGY_COLUMNS = {
     "workload": "workload",
     "ctx": "ctx",
     "concurrency": "C",
+    "request_rate": "rate req/s",
     "agg_output_tok_s": "agg tok/s",
     "gpu_energy_j": "GPU J",
     "gpu_j_per_output_token": "J/token",

@@ -334,9 +334,10 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                                                   f"{cell_id(workload, ctx, load, level)}_r{rep}", slos)
                 keys = {"workload": workload, "ctx": ctx, "load": load, "concurrency": conc if closed else math.nan,
                         "request_rate": math.nan if closed else level, "repeat": rep}
+                request_keys = {k: None if v != v else v for k, v in keys.items()}  # NaN is null in JSON lines
                 if not server.alive():
                     # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
-                    writer.add_requests([{**r, "config": sc.name, **keys} for r in records])
+                    writer.add_requests([{**r, "config": sc.name, **request_keys} for r in records])
                     raise ServerStartError(f"the server exited during {workload} ctx={ctx} {shown} repeat {rep} "
                                            f"(exit code {server.proc.poll()}); last log lines:\n"
                                            + tail_lines(server.log_path, 20))
@@ -344,7 +345,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 if not closed:
                     row["max_concurrency"] = matrix.max_concurrency
                 for r in records:
-                    r.update(config=sc.name, **{k: None if v != v else v for k, v in keys.items()})  # NaN: null
+                    r.update(config=sc.name, **request_keys)
                 writer.add_requests(records)
                 writer.add_repeat({**{k: row.pop(k) for k in ("config", "engine")}, **keys, **row})
                 offered = "" if closed else (f", {row['achieved_arrival_rps']:.2f} req/s sent of {level:g} offered, "

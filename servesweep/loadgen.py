@@ -840,6 +840,9 @@ async def _run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] |
     return records, client
 
 
+STOP_POLL_S = 0.05
+
+
 async def _open_loop(spec: LoadSpec, target: "_Target", take: Callable[[], tuple[int, object] | None],
                      done: Callable[[dict], None], stopped: Callable[[], bool], unsent: list[int]) -> None:
     """Send requests at the times of ``spec.arrivals``' schedule until ``take`` has no more (the window closed).
@@ -872,9 +875,10 @@ async def _open_loop(spec: LoadSpec, target: "_Target", take: Callable[[], tuple
     k = 0
     while True:
         due = origin + schedule.time(k)
-        delay = due - now()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        # Sleep until the send is due, waking at least every STOP_POLL_S: at a low rate the window may close long
+        # before the next send, and the cell should not wait for it.
+        while (delay := due - now()) > 0 and not stopped():
+            await asyncio.sleep(min(delay, STOP_POLL_S))
         item = take()
         if item is None:
             break

@@ -90,7 +90,9 @@ def test_pipeline_end_to_end(workdir):
         assert "<svg" in (workdir / f"results/report/{name}.svg").read_text()[:500]
     cells = pd.read_csv(workdir / "results/tables/cells.csv")
     # 4 closed-loop cells per config, and the default's 1 req/s rate cell per workload on `ar` (and its copy).
-    assert len(cells) == 16 and (cells["errors"] == 0).all() and (cells["repeats"] == 3).all()
+    # Repeats measured beside a busy neighbour (other jobs on this shared machine) are left out of a cell's figures.
+    measured = (cells["repeats"] == 3) | (cells["repeats"] + cells["repeats_host_busy"] == 3)
+    assert len(cells) == 16 and (cells["errors"] == 0).all() and measured.all()
     rate = cells[cells["load"] == "rate"]
     assert sorted(rate["config"]) == ["ar", "ar", "ar-copy", "ar-copy"] and (rate["request_rate"] == 1.0).all()
     assert rate["concurrency"].isna().all() and cells[cells["load"] == "concurrency"]["request_rate"].isna().all()

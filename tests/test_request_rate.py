@@ -342,3 +342,14 @@ def test_rate_section_reads_the_recorded_targets():
     assert "## Request-rate load" in text and "not searched" in text
     assert "s: 1 req/s (the next rate, 2 req/s, fails)" in text
     assert "90 % [80, 95]" in text
+
+
+def test_a_low_rate_cell_ends_when_its_window_closes():
+    # At 0.5 req/s sends are due at 0, 2 and 4 s. The window closes once the send at 2 s has completed (~2.1 s); the
+    # cell must then end, not wait for the send due at 4 s to notice.
+    import time
+
+    t = time.monotonic()
+    records, client = _run(ArrivalPlan(rate=0.5, arrival="constant"), measure_s=0.3)
+    assert len(records) == 2 and client["window_end"] - client["window_start"] < 2.5
+    assert time.monotonic() - t < 3.2
