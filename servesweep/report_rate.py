@@ -80,7 +80,9 @@ def rate_section(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
              f"({shape}, seed {matrix.get('arrival_seed', 0)}), whatever the server's pace, with at most "
              f"{matrix.get('max_concurrency', 512)} in flight (a send due while that cap is full waits; that wait is "
              "the client queue time and is not part of TTFT). Warm-up at the same rate, then the measured window, as "
-             "for concurrency cells (docs/measurement.md). *Sent* is requests sent inside the window per second; "
+             "for concurrency cells (docs/measurement.md). *Scheduled* is the sends the seeded schedule put inside the "
+             "window per second (over a short window it can be far from the rate: the same schedule, drawn once, "
+             "is followed in every repeat and config); *sent* is requests sent inside the window per second; "
              "*done* is requests completed inside it per second; *lag p99* is how late the client itself sent. "
              "Goodput counts the window's requests that met every limit of a target (vLLM's rule; TPOT counts as 0 "
              "for a request of one output token), per second of window; attainment is their share of the window's "
@@ -88,13 +90,14 @@ def rate_section(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
              "over the repeats.", ""]
     if slos:
         lines += ["Targets: " + "; ".join(s.describe() for s in slos) + ".", ""]
-    header = ["config", "prompts", "rate req/s", "sent req/s", "done req/s", "lag p99 ms", "TTFT p99 s", "TPOT p99 s"]
+    header = ["config", "prompts", "rate req/s", "scheduled req/s", "sent req/s", "done req/s", "lag p99 ms", "TTFT p99 s", "TPOT p99 s"]
     for s in slos:
         header += [f"goodput {s.name} req/s", f"{s.name} attained"]
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, r in rate.sort_values(["config", "workload", "ctx", "request_rate"]).iterrows():
         prompts = f"{int(r['ctx'])} tokens" if r["workload"] == "synthetic" else str(r["workload"])
-        cols = [f"`{r['config']}`", prompts, f"{r['request_rate']:g}", _ci(r, "achieved_arrival_rps", ".2f"),
+        cols = [f"`{r['config']}`", prompts, f"{r['request_rate']:g}", _ci(r, "scheduled_rps", ".2f"),
+                _ci(r, "achieved_arrival_rps", ".2f"),
                 _ci(r, "request_s", ".2f"), _num(r.get("send_lag_p99_ms"), ".1f"), _num(r.get("ttft_p99_s"), ".3f"),
                 _num(r.get("tpot_p99_s"), ".4f")]
         for s in slos:
