@@ -35,7 +35,7 @@ from servesweep import stats  # noqa: E402
 from servesweep.loadgen import ArrivalPlan, LoadSpec, Prompt, TextPrompts, WindowPlan, run_load  # noqa: E402
 
 # The embedded default's highest rate (config/config.yaml: ar's request_rates) and higher ones.
-DEFAULT_RATES = (1.0, 10.0, 50.0, 200.0, 500.0)
+DEFAULT_RATES = (0.5, 1.0, 10.0, 50.0, 200.0, 500.0)
 
 
 def _serve(port_out, ttft_s: float, gap_s: float) -> None:
