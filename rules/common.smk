@@ -61,6 +61,7 @@ def get_bench_params(wildcards):
         "engine_settings": config.get("engines", {}).get(entry["engine"], {}),
         "matrix": config["matrix"],
         "correctness": config.get("correctness", {}),
+        "slo": config.get("slo", {}),  # goodput per target is counted per request by the bench job
         "parallel_cpu_benches": config.get("host", {}).get("parallel_cpu_benches", False),
     }
 

@@ -16,6 +16,7 @@ config = {
     "engines": {run["server_config"]["engine"]: run["engine_settings"]},
     "matrix": run["matrix"],
     "correctness": run["correctness"],
+    "slo": run["slo"],
     "host": {"parallel_cpu_benches": run["parallel_cpu_benches"]},
 }
 out = snakemake.output

@@ -14,7 +14,9 @@ from servesweep import diagnosis, roofline
 from servesweep import stats as stats_mod
 from servesweep.speculation import speculation_status
 
-CELL_KEYS = ["workload", "ctx", "concurrency"]
+# A cell is closed-loop (load "concurrency", request_rate NaN) or open-loop (load "rate", concurrency NaN); cells
+# are only ever compared with cells of the same load and level.
+CELL_KEYS = ["workload", "ctx", "load", "concurrency", "request_rate"]
 # Other processes' share of the host's CPU (bench.other_cpu_pct) above which a cell is not compared with another:
 # its config was measured beside a busy neighbour, the other perhaps not.
 HOST_BUSY_PCT = stats_mod.HOST_BUSY_PCT
@@ -25,6 +27,7 @@ THROUGHPUT_COLUMNS = {
     "workload": "workload",
     "ctx": "ctx",
     "concurrency": "C",
+    "request_rate": "rate req/s",
     "repeats": "repeats",
     "agg_output_tok_s": "agg tok/s",
     "gpus": "GPUs",
@@ -44,6 +47,7 @@ ENERGY_COLUMNS = {
     "workload": "workload",
     "ctx": "ctx",
     "concurrency": "C",
+    "request_rate": "rate req/s",
     "agg_output_tok_s": "agg tok/s",
     "gpu_energy_j": "GPU J",
     "gpu_j_per_output_token": "J/token",
@@ -90,10 +94,56 @@ class TablePaths:
 
 
 def _with_keys(df: pd.DataFrame) -> pd.DataFrame:
-    """Runs recorded before workloads existed measured synthetic prompts only."""
+    """Runs recorded before workloads existed measured synthetic prompts only; runs recorded before rate cells
+    existed measured closed-loop cells only."""
     if "workload" not in df:
         df.insert(2 if len(df.columns) >= 2 else 0, "workload", "synthetic")
+    if "load" not in df:
+        df.insert(list(df.columns).index("ctx") + 1 if "ctx" in df else 0, "load", "concurrency")
+    if "request_rate" not in df:
+        df.insert(list(df.columns).index("concurrency") + 1 if "concurrency" in df else 0, "request_rate", np.nan)
     return df
+
+
+def _keyed(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every column of ``CELL_KEYS`` (a copy where some had to be added)."""
+    return df if all(k in df for k in CELL_KEYS) or df.empty else _with_keys(df.copy())
+
+
+def _count_text(x) -> str:
+    return "–" if pd.isna(x) else f"{int(x)}"
+
+
+def _rate_text(x) -> str:
+    return "–" if pd.isna(x) else f"{x:g}"
+
+
+def cell_mask(df: pd.DataFrame, key: tuple | dict, config: str | None = None) -> pd.Series:
+    """The rows of ``df`` for one cell (``key``: values of ``CELL_KEYS``, as a tuple or by name), of ``config`` if
+    given. NaN matches NaN: a closed-loop cell's request_rate and a rate cell's concurrency are NaN."""
+    key = dict(zip(CELL_KEYS, key)) if not isinstance(key, dict) else key
+    mask = pd.Series(True, index=df.index) if config is None else df["config"] == config
+    for name, value in key.items():
+        if name not in df:
+            continue
+        missing = value is None or (isinstance(value, float) and math.isnan(value))
+        mask &= df[name].isna() if missing else df[name] == value
+    return mask
+
+
+def closed_loop(df: pd.DataFrame) -> pd.DataFrame:
+    """The closed-loop cells of a cells, repeats or speedup frame, with integer concurrencies (the views that are
+    read against concurrency: charts, rankings, throughput-drop checks)."""
+    if "load" in df:
+        df = df[df["load"].fillna("concurrency") == "concurrency"].copy()
+    if "concurrency" in df and len(df):
+        df["concurrency"] = df["concurrency"].astype(int)
+    return df
+
+
+def rate_cells(df: pd.DataFrame) -> pd.DataFrame:
+    """The open-loop (request-rate) cells of a cells, repeats or speedup frame."""
+    return df[df["load"] == "rate"].copy() if "load" in df else df.iloc[0:0].copy()
 
 
 def load_cells(cell_paths: list[Path], metas: list[dict]) -> pd.DataFrame:
@@ -133,7 +183,7 @@ def with_repeat_extremes(cells: pd.DataFrame, repeats: pd.DataFrame) -> pd.DataF
     if "client_bound_repeats" in cells or repeats.empty or "client_bound" not in repeats:
         return cells
     keys = ["config", *CELL_KEYS]
-    extremes = repeats.groupby(keys).agg(client_bound_repeats=("client_bound", lambda x: int(x.fillna(False).sum())),
+    extremes = repeats.groupby(keys, dropna=False).agg(client_bound_repeats=("client_bound", lambda x: int(x.fillna(False).sum())),
                                          loop_lag_p99_ms_max=("loop_lag_p99_ms", "max")).reset_index()
     return cells.merge(extremes, on=keys, how="left")
 
@@ -210,8 +260,7 @@ def clean_repeats(repeats: pd.DataFrame) -> pd.DataFrame:
 
 
 def _repeat_values(repeats: pd.DataFrame, config: str, key: tuple, column: str) -> list[float]:
-    sel = repeats[(repeats["config"] == config) & (repeats["workload"] == key[0]) & (repeats["ctx"] == key[1])
-                  & (repeats["concurrency"] == key[2])]
+    sel = repeats[cell_mask(repeats, key, config)]
     return [float(x) for x in sel[column].dropna()] if column in sel else []
 
 
@@ -219,6 +268,7 @@ def ratio_rows(repeats: pd.DataFrame, config: str, reference: str, column: str =
     """Per cell both configs measured: ``config``'s mean over ``reference``'s for ``column``, with its Fieller
     interval over the two configs' repeats."""
     out = []
+    repeats = _keyed(repeats)
     keys = repeats[repeats["config"] == config][CELL_KEYS].drop_duplicates().itertuples(index=False)
     repeats = clean_repeats(repeats)
     for key in keys:
@@ -227,7 +277,7 @@ def ratio_rows(repeats: pd.DataFrame, config: str, reference: str, column: str =
         if not a or not b:
             continue
         ratio, lo, hi = stats_mod.ratio_ci95(a, b)
-        out.append({"workload": key[0], "ctx": key[1], "concurrency": key[2], "ratio": ratio, "lo": lo, "hi": hi,
+        out.append({**dict(zip(CELL_KEYS, key)), "ratio": ratio, "lo": lo, "hi": hi,
                     "repeats": len(a), "reference_repeats": len(b)})
     return out
 
@@ -291,7 +341,9 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
       misses launch-to-launch variation, which only a replicate measures; the report says which source was used.
     - With one repeat and no replicate there is no band, and no difference is called.
 
-    Bands are kept per workload (``by_workload``); ``band`` is the largest of them.
+    Bands are kept per workload (``by_workload``); ``band`` is the largest of them. They come from the closed-loop
+    cells when the sweep has any: a rate cell's throughput follows the load it is offered, so its spread says how
+    many of the schedule's sends fell inside the window, not how much the server's speed varies.
     """
     replicas = {m["config"]: m["labels"]["replicate_of"] for m in metas
                 if (m.get("labels") or {}).get("replicate_of")}
@@ -299,6 +351,9 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
     for copy, original in identical.items():
         replicas.setdefault(copy, original)
     per_cell = []
+    repeats = _keyed(repeats)
+    if "load" in repeats and (repeats["load"] == "concurrency").any():
+        repeats = repeats[repeats["load"] == "concurrency"]
     for copy, original in sorted(replicas.items()):
         for r in ratio_rows(repeats, copy, original):
             per_cell.append({**r, "config": copy, "reference": original,
@@ -309,11 +364,11 @@ def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
     base = clean_repeats(repeats)
     base = base[base["config"] == baseline]
     spreads = []
-    for key, g in base.groupby(CELL_KEYS):
+    for key, g in base.groupby(CELL_KEYS, dropna=False):
         xs = g["agg_output_tok_s"].dropna()
         if len(xs) >= 2 and xs.mean() > 0:
-            spreads.append({"workload": key[0], "ctx": int(key[1]), "concurrency": int(key[2]), "repeats": len(xs),
-                            "band": float((xs.max() - xs.min()) / xs.mean())})
+            spreads.append({**{k: (v.item() if hasattr(v, "item") else v) for k, v in zip(CELL_KEYS, key)},
+                            "repeats": len(xs), "band": float((xs.max() - xs.min()) / xs.mean())})
     if spreads:
         return {"source": "baseline repeats", **_bands(spreads), "cells": spreads}
     return {"source": "none", "band": math.nan, "by_workload": {}, "cells": [],
@@ -327,34 +382,35 @@ def _busy(repeats: pd.DataFrame, config: str, key: tuple) -> bool:
     """Fewer than two of the cell's repeats were measured on a quiet host (and some were not)."""
     if "host_other_cpu_pct" not in repeats:
         return False
-    sel = repeats[(repeats["config"] == config) & (repeats["workload"] == key[0]) & (repeats["ctx"] == key[1])
-                  & (repeats["concurrency"] == key[2])]
+    sel = repeats[cell_mask(repeats, key, config)]
     quiet = len(clean_repeats(sel))
     return quiet < len(sel) and quiet < 2
 
 
 def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noise: dict | float,
                   metas: list[dict] | None = None) -> pd.DataFrame:
-    """Every other config against the baseline at the same (workload, ctx, C): throughput and per-request speedup
+    """Every other config against the baseline at the same cell (workload, ctx, and the same concurrency or the same
+    request rate): throughput and per-request speedup
     with Fieller 95 % intervals over repeats, and the verdict against the noise band. A config that asked for
     speculative decoding whose engine counted no drafts gets no verdict: its numbers measured plain decoding."""
     status = speculation_status(cells, metas) if metas else {}
+    cells, repeats = _keyed(cells), _keyed(repeats)
     if not isinstance(noise, dict):
         noise = {"band": noise}
     rows = []
     for cfg in sorted(set(cells["config"]) - {baseline}):
-        per_req = {(r["workload"], r["ctx"], r["concurrency"]): r
+        per_req = {_hashable(tuple(r[k] for k in CELL_KEYS)): r
                    for r in ratio_rows(repeats, cfg, baseline, "per_request_tok_s")}
         for r in ratio_rows(repeats, cfg, baseline):
-            key = (r["workload"], r["ctx"], r["concurrency"])
+            key = tuple(r[k] for k in CELL_KEYS)
             band = band_for(noise, key[0])
-            pr = per_req.get(key, {})
-            mine = cells[(cells["config"] == cfg) & (cells["workload"] == key[0]) & (cells["ctx"] == key[1])
-                         & (cells["concurrency"] == key[2])]
-            base = cells[(cells["config"] == baseline) & (cells["workload"] == key[0]) & (cells["ctx"] == key[1])
-                         & (cells["concurrency"] == key[2])]
+            pr = per_req.get(_hashable(key), {})
+            mine = cells[cell_mask(cells, key, cfg)]
+            base = cells[cell_mask(cells, key, baseline)]
+            if mine.empty or base.empty:
+                continue
             rows.append({
-                "config": cfg, "workload": key[0], "ctx": key[1], "concurrency": key[2],
+                "config": cfg, **dict(zip(CELL_KEYS, key)),
                 "agg_output_tok_s": mine["agg_output_tok_s"].iloc[0],
                 "baseline_agg_tok_s": base["agg_output_tok_s"].iloc[0],
                 "speedup": r["ratio"], "speedup_lo": r["lo"], "speedup_hi": r["hi"],
@@ -371,11 +427,16 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
                 "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]
                                      or base.get("client_bound", pd.Series([False])).fillna(False).iloc[0]),
             })
-    cols = ["config", "workload", "ctx", "concurrency", "agg_output_tok_s", "baseline_agg_tok_s", "speedup",
+    cols = ["config", *CELL_KEYS, "agg_output_tok_s", "baseline_agg_tok_s", "speedup",
             "speedup_lo", "speedup_hi", "per_request_speedup", "per_request_speedup_lo", "per_request_speedup_hi",
             "repeats", "baseline_repeats", "noise_band", "speculation", "verdict", "per_request_verdict",
             "client_bound"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def _hashable(key: tuple) -> tuple:
+    """A cell key usable in a dict: NaN (which is not equal to itself) becomes None."""
+    return tuple(None if isinstance(v, float) and math.isnan(v) else v for v in key)
 
 
 def with_ci(df: pd.DataFrame, column: str, fmt: str = ".1f") -> pd.Series:
@@ -425,6 +486,13 @@ def throughput_markdown(cells: pd.DataFrame) -> str:
         shown["gpus"] = [f"{g} ({u})" if u == "host" else str(g) for g, u in zip(cells["gpus"], cells["gpu_unit"])]
     if "window_s" in shown:
         shown["window_s"] = shown["window_s"].map(lambda x: f"{x:.1f}")
+    if "concurrency" in shown:
+        shown["concurrency"] = shown["concurrency"].map(_count_text)
+    if "request_rate" in shown:
+        if shown["request_rate"].isna().all():
+            shown = shown.drop(columns="request_rate")  # a closed-loop-only sweep keeps its old table
+        else:
+            shown["request_rate"] = shown["request_rate"].map(_rate_text)
     return shown.rename(columns=THROUGHPUT_COLUMNS).to_markdown(index=False) + "\n"
 
 
@@ -436,7 +504,8 @@ def speedup_markdown(sp: pd.DataFrame, baseline: str) -> str:
         return f"{r[prefix]:.2f}× [{lo:.2f}, {hi:.2f}]"
 
     shown = pd.DataFrame({
-        "config": sp["config"], "workload": sp["workload"], "ctx": sp["ctx"], "C": sp["concurrency"],
+        "config": sp["config"], "workload": sp["workload"], "ctx": sp["ctx"],
+        "C": sp["concurrency"].map(_count_text), "rate req/s": sp["request_rate"].map(_rate_text),
         "agg tok/s": sp["agg_output_tok_s"].map(lambda x: f"{x:.1f}"),
         f"{baseline} tok/s": sp["baseline_agg_tok_s"].map(lambda x: f"{x:.1f}"),
         "speedup [95 % CI]": [interval(r, "speedup") for _, r in sp.iterrows()],

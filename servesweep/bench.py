@@ -1,4 +1,4 @@
-"""One config job: launch the server, wait until truly ready, run the ctx × concurrency matrix, stop cleanly.
+"""One config job: launch the server, wait until truly ready, run the ctx × (concurrency, rate) matrix, stop cleanly.
 
 Everything measured is appended to an attempt folder as it is measured (``results/attempts/{cfg}/{stamp}/``), which
 is not a declared Snakemake output, so a failed job never loses the cells it finished.
@@ -30,8 +30,9 @@ from servesweep.correctness.job import CorrectnessOutputs, run_correctness
 from servesweep.engines import get_engine
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, free_port, preflight, refuse_busy_gpus,
                                   tail_lines, wait_until_ready)
-from servesweep.loadgen import (LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan, corpus_text,
-                                run_load)
+from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
+                                corpus_text, run_load)
+from servesweep.slo import SLO, slos_from_config
 from servesweep.telemetry import Telemetry, energy_per_token, load_nvml
 
 # Columns whose repeats get a 95 % interval in cells.csv (``<col>_ci95``, the half-width).
@@ -42,10 +43,30 @@ CI_COLUMNS = (
     "e2e_p50_s", "e2e_p90_s", "e2e_p99_s",
     "gpu_energy_j", "gpu_j_per_output_token", "output_tokens_per_gpu_j", "gpu_power_mean_w",
     "cpu_energy_j", "cpu_j_per_output_token", "accept_length", "host_other_cpu_pct",
+    "achieved_arrival_rps", "send_lag_p99_ms",
 )
 # Summed over repeats rather than averaged.
-COUNT_COLUMNS = ("requests", "errors", "warmup_requests", "drain_requests", "output_tokens", "prompt_tokens")
-CELL_KEYS = ("workload", "ctx", "concurrency")
+COUNT_COLUMNS = ("requests", "errors", "warmup_requests", "drain_requests", "output_tokens", "prompt_tokens",
+                 "unsent_at_close")
+# A cell: its prompts, and its load — closed-loop at ``concurrency`` (``request_rate`` NaN) or open-loop at
+# ``request_rate`` req/s (``concurrency`` NaN; its cap on requests in flight is ``max_concurrency``).
+CELL_KEYS = ("workload", "ctx", "load", "concurrency", "request_rate")
+
+
+def cell_id(workload: str, ctx: int, load: str, level: float) -> str:
+    """The name of a cell in telemetry windows and logs: ``<workload>_ctx<ctx>_c<C>`` or ``..._rate<r>``. The
+    rate is written in full (``repr``), so two rates never share a name, nor a rate cell a concurrency cell's."""
+    return f"{workload}_ctx{ctx}_c{int(level)}" if load == "concurrency" else f"{workload}_ctx{ctx}_rate{float(level)!r}"
+
+
+def _row_cell_id(row: dict) -> str:
+    load = row.get("load", "concurrency")
+    return cell_id(row["workload"], row["ctx"], load, row["concurrency" if load == "concurrency" else "request_rate"])
+
+
+def slo_names(row: dict) -> list[str]:
+    """The targets a row has goodput columns for."""
+    return [k[len("goodput_"):-len("_rps")] for k in row if k.startswith("goodput_") and k.endswith("_rps")]
 
 
 @dataclass
@@ -104,10 +125,13 @@ def combine_cell(repeats: list[dict]) -> dict:
     window-capped if any repeat was. Repeats measured beside a busy neighbour are left out while any other is left
     (``repeats_host_busy`` counts them)."""
     clean = [r for r in repeats if not stats_mod.host_busy(r)] or repeats
-    out = stats_mod.combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in clean], CI_COLUMNS,
-                                    COUNT_COLUMNS)
+    names = slo_names(repeats[0])
+    ci = (*CI_COLUMNS, *(c for n in names for c in (f"goodput_{n}_rps", f"slo_{n}_attainment")))
+    out = stats_mod.combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in clean], ci,
+                                    (*COUNT_COLUMNS, *(f"slo_{n}_good" for n in names)))
+    out.update(stats_mod.pooled_attainment(clean, names))
     out["repeats_host_busy"] = sum(stats_mod.host_busy(r) for r in repeats)
-    for key in ("config", "engine", *CELL_KEYS, "requested_prompt_tokens"):
+    for key in ("config", "engine", *CELL_KEYS, "max_concurrency", "requested_prompt_tokens"):
         if key in repeats[0]:
             out[key] = repeats[0][key]  # identical in every repeat: keys, not measurements
     out["cell_start"], out["cell_end"] = repeats[0]["cell_start"], repeats[-1]["cell_end"]
@@ -138,7 +162,7 @@ class CellWriter:
         write_csv(self.dir / "repeats.csv", self.repeats)
         groups: dict[tuple, list[dict]] = {}
         for r in self.repeats:
-            groups.setdefault(tuple(r[k] for k in CELL_KEYS), []).append(r)
+            groups.setdefault(_row_cell_id(r), []).append(r)
         self.cells = [combine_cell(rows) for rows in groups.values()]
         write_csv(self.dir / "cells.csv", self.cells)
 
@@ -220,8 +244,10 @@ def other_cpu_pct(before: tuple[float, float, float], after: tuple[float, float,
 
 
 async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session: aiohttp.ClientSession,
-                       spec: LoadSpec, telemetry: Telemetry, cell_id: str) -> tuple[list[dict], dict]:
-    """One repeat of one steady-state cell: the load, and telemetry, /metrics and the server log over its window.
+                       spec: LoadSpec, telemetry: Telemetry, cell_id: str,
+                       slos: list[SLO] | tuple = ()) -> tuple[list[dict], dict]:
+    """One repeat of one steady-state cell: the load, and telemetry, /metrics and the server log over its window;
+    goodput and attainment per target in ``slos``; for an open-loop cell, how faithfully the rate was offered.
 
     Returns (request records, the repeat's row)."""
     base = server.base_url
@@ -250,6 +276,9 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     measured = [r for r in records if r["phase"] == "measured"]
     row = {"config": sc.name, "engine": sc.engine, "cell_start": client["cell_started"], "cell_end": now()}
     row.update(stats_mod.window_stats(records, t0, t1))
+    if spec.arrivals is not None:
+        row.update(stats_mod.arrival_stats(records, t0, t1, spec.arrivals.rate))
+    row.update(stats_mod.goodput_stats(records, t0, t1, slos))
     ok = [r for r in measured if not r.get("error") and r.get("prompt_tokens") is not None]
     row["prompt_tokens_per_request"] = statistics.fmean(r["prompt_tokens"] for r in ok) if ok else math.nan
     row.update(client)
@@ -261,53 +290,70 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
 
 
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
-                     writer: CellWriter, log) -> dict:
+                     writer: CellWriter, log, slos: list[SLO] | tuple = ()) -> dict:
     """Run every cell of the matrix ``matrix.repeats`` times against a ready server; returns the workloads' facts.
 
-    Repeats run in rounds (every cell once, then every cell again) so that a slow drift of the host spreads over
-    all cells instead of biasing the last ones; each repeat of a cell sends the same prompts under its own tag.
+    Closed-loop cells (one per concurrency) come first, then open-loop cells (one per request rate). Repeats run in
+    rounds (every cell once, then every cell again) so that a slow drift of the host spreads over all cells instead
+    of biasing the last ones; each repeat of a cell sends the same prompts under its own tag, and a rate cell's
+    repeats follow the same arrival schedule.
     """
     base = server.base_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         sources, described = await _prompt_sources(session, base, engine, matrix)
-        cells = matrix.cells()
+        cells = ([(w, ctx, "concurrency", c) for w, ctx, c in matrix.cells()]
+                 + [(w, ctx, "rate", r) for w, ctx, r in matrix.rate_cells()])
         for rep in range(matrix.repeats):
-            for k, (workload, ctx, conc) in enumerate(cells):
+            for k, (workload, ctx, load, level) in enumerate(cells):
                 # Every repeat of a cell sends the same prompts (its repeats then differ by measurement noise, not by
                 # which real-text prompts were drawn), each under a tag of its own so none hits the prefix cache.
                 tag = rep * len(cells) + k + 1
                 source = sources[(workload, ctx)]
                 source = replace(source, tag=tag, **({"offset": k * 101} if isinstance(source, TextPrompts) else {}))
-                warm = matrix.warmup_for(conc)
+                closed = load == "concurrency"
+                conc = int(level) if closed else matrix.max_concurrency
+                arrivals = None if closed else ArrivalPlan(rate=level, arrival=matrix.arrival,
+                                                           burstiness=matrix.burstiness,
+                                                           max_concurrency=matrix.max_concurrency,
+                                                           seed=matrix.arrival_seed)
+                warm = matrix.warmup_for(conc) if closed else matrix.rate_warmup_requests()
                 if rep == 0 and k == 0 and engine.needs_client_warmup(sc):
-                    warm = max(warm, 2 * conc, 4)  # the server skipped its own warm-up: the first cell does it
+                    warm = max(warm, 2 * conc, 4) if closed else max(warm, 4)  # the server skipped its own warm-up
                 plan = WindowPlan(warmup_s=matrix.warmup_s, warmup_requests=warm, measure_s=matrix.measure_s,
-                                  measure_requests=matrix.requests_for(conc), max_s=matrix.max_window_s)
+                                  measure_requests=matrix.requests_for(conc) if closed else matrix.min_requests,
+                                  max_s=matrix.max_window_s)
                 if matrix.flush_cache_between_cells:
                     await engine.flush_cache(session, base)
+                shown = f"C={conc}" if closed else f"rate={level:g}/s"
                 spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
                                 output_tokens=matrix.output_tokens, temperature=matrix.temperature,
                                 extra_fields=engine.request_fields(sc), request_timeout_s=sc.request_timeout_s,
-                                chunk_tokens=engine.chunk_tokens, label=f"{sc.name} {workload} ctx={ctx} C={conc}",
-                                window=plan, prompt_source=source)
+                                chunk_tokens=engine.chunk_tokens, label=f"{sc.name} {workload} ctx={ctx} {shown}",
+                                window=plan, prompt_source=source, arrivals=arrivals)
                 records, row = await measure_cell(server, engine, sc, session, spec, telemetry,
-                                                  f"{workload}_ctx{ctx}_c{conc}_r{rep}")
+                                                  f"{cell_id(workload, ctx, load, level)}_r{rep}", slos)
+                keys = {"workload": workload, "ctx": ctx, "load": load, "concurrency": conc if closed else math.nan,
+                        "request_rate": math.nan if closed else level, "repeat": rep}
+                request_keys = {k: None if v != v else v for k, v in keys.items()}  # NaN is null in JSON lines
                 if not server.alive():
                     # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
-                    writer.add_requests([{**r, "config": sc.name, "workload": workload, "ctx": ctx,
-                                          "concurrency": conc, "repeat": rep} for r in records])
-                    raise ServerStartError(f"the server exited during {workload} ctx={ctx} C={conc} repeat {rep} "
+                    writer.add_requests([{**r, "config": sc.name, **request_keys} for r in records])
+                    raise ServerStartError(f"the server exited during {workload} ctx={ctx} {shown} repeat {rep} "
                                            f"(exit code {server.proc.poll()}); last log lines:\n"
                                            + tail_lines(server.log_path, 20))
-                keys = {"workload": workload, "ctx": ctx, "concurrency": conc, "repeat": rep}
                 row["requested_prompt_tokens"] = ctx if workload == "synthetic" else math.nan
+                if not closed:
+                    row["max_concurrency"] = matrix.max_concurrency
                 for r in records:
-                    r.update(config=sc.name, **keys)
+                    r.update(config=sc.name, **request_keys)
                 writer.add_requests(records)
                 writer.add_repeat({**{k: row.pop(k) for k in ("config", "engine")}, **keys, **row})
-                print(f"[{sc.name}] {workload} ctx={ctx} C={conc} rep={rep}: "
+                offered = "" if closed else (f", {row['achieved_arrival_rps']:.2f} req/s sent of {level:g} offered, "
+                                             f"send lag p99 {row['send_lag_p99_ms']:.1f} ms")
+                print(f"[{sc.name}] {workload} ctx={ctx} {shown} rep={rep}: "
                       f"{row.get('agg_output_tok_s', math.nan):.1f} tok/s over {row['window_s']:.1f} s "
-                      f"({row['requests']} requests in the window), {row['errors']} errors", file=log, flush=True)
+                      f"({row['requests']} requests in the window{offered}), {row['errors']} errors", file=log,
+                      flush=True)
     return described
 
 
@@ -320,7 +366,7 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     """
     sc = ServerConfig.from_config(cfg_name, config)
     engine = get_engine(sc.engine)
-    matrix = Matrix.from_config(config["matrix"], sc.workloads)
+    matrix = Matrix.from_config(config["matrix"], sc.workloads, sc.request_rates)
     world = engine.world_size(sc.options)
     gpus = config_gpus(sc, world)
 
@@ -371,7 +417,8 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
         else None, "model_manifest_files": len(manifest.get("files") or []), "load_format": manifest.get("load_format"),
         "labels": sc.labels, "options": sc.options, "host": socket.gethostname(), "platform": platform.platform(),
         "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "warnings": engine.config_warnings(sc),
-        "matrix": config["matrix"], "status": "running",
+        "matrix": config["matrix"], "request_rates": matrix.request_rates,
+        "slo": config.get("slo") or {}, "status": "running",
     }
     meta["warnings"] += reaped
     meta["host_lease"] = {"locks": [p.name for p in lease.paths], "waited_s": lease.waited_s}
@@ -387,7 +434,8 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
         meta["ready_s"] = ready["ready_at"] - server.started_at
         meta["startup_phases"] = engine.startup_phases(engine.parse_log(server.log_path.read_text(errors="replace")))
         meta["first_cell_at"] = now()
-        meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer, log))
+        meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer, log,
+                                                   slos_from_config(config)))
         if correctness_outputs is not None:
             meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"), correctness_outputs,
                                                   log)

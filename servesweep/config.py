@@ -144,10 +144,27 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
     for c in matrix.get("concurrencies", []):
         if c > MAX_CONCURRENCY:
             problems.append(("matrix.concurrencies", f"{c} is beyond {MAX_CONCURRENCY}", "lower the concurrency"))
-    for key in ("context_lengths", "concurrencies"):
+    for key in ("context_lengths", "concurrencies", "request_rates"):
         values = matrix.get(key, [])
         if len(set(values)) != len(values):
             problems.append((f"matrix.{key}", "has duplicate values", "list each value once"))
+    problems += _rate_problems(matrix, configs)
+    return problems
+
+
+def _rate_problems(matrix: dict, configs: dict) -> list[tuple[str, str, str]]:
+    """The request-rate keys: some cell to measure in every config, arrival settings that fit together."""
+    problems = []
+    if matrix.get("arrival") == "constant" and matrix.get("burstiness", 1.0) != 1.0:
+        problems.append(("matrix.burstiness", f"{matrix['burstiness']} is set with arrival: constant, whose gaps "
+                         "are all 1/rate", "use arrival: poisson for Gamma gaps, or remove burstiness"))
+    for name, sc in configs.items():
+        rates = sc.get("request_rates") if isinstance(sc, dict) else None
+        rates = matrix.get("request_rates", []) if rates is None else rates
+        if not matrix.get("concurrencies") and not rates:
+            key = "matrix.concurrencies" if not matrix.get("request_rates") else f"server_configs.{name}.request_rates"
+            problems.append((key, f"config '{name}' would have no cell: no concurrency and no request rate",
+                             "list concurrencies, or request rates (matrix.request_rates) to measure"))
     return problems
 
 
@@ -240,8 +257,8 @@ def check_config(config: dict) -> dict:
 
 @dataclass(frozen=True)
 class Matrix:
-    """The measurement matrix: workloads × prompt lengths × concurrencies, each cell a warmed-up measured window,
-    repeated (docs/measurement.md). Defaults are the schema's, filled by ``apply_defaults``."""
+    """The measurement matrix: workloads × prompt lengths × (concurrencies + request rates), each cell a warmed-up
+    measured window, repeated (docs/measurement.md). Defaults are the schema's, filled by ``apply_defaults``."""
 
     context_lengths: list[int]
     concurrencies: list[int]
@@ -257,10 +274,17 @@ class Matrix:
     repeats: int = 3
     temperature: float = 0.0
     flush_cache_between_cells: bool = False
+    request_rates: list[float] = field(default_factory=list)
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    max_concurrency: int = 512
+    arrival_seed: int = 0
 
     @classmethod
-    def from_config(cls, matrix: dict, workloads: list[str] | None = None) -> "Matrix":
-        """The typed matrix of a validated config; ``workloads`` (a server config's own list) overrides its list."""
+    def from_config(cls, matrix: dict, workloads: list[str] | None = None,
+                    request_rates: list[float] | None = None) -> "Matrix":
+        """The typed matrix of a validated config; ``workloads`` and ``request_rates`` (a server config's own
+        lists) override its lists."""
         matrix = apply_defaults({"matrix": matrix})["matrix"]
         warm, measure = matrix["warmup"], matrix["measure"]
         return cls(
@@ -278,6 +302,11 @@ class Matrix:
             repeats=int(matrix["repeats"]),
             temperature=float(matrix["temperature"]),
             flush_cache_between_cells=bool(matrix["flush_cache_between_cells"]),
+            request_rates=[float(r) for r in (matrix["request_rates"] if request_rates is None else request_rates)],
+            arrival=str(matrix["arrival"]),
+            burstiness=float(matrix["burstiness"]),
+            max_concurrency=int(matrix["max_concurrency"]),
+            arrival_seed=int(matrix["arrival_seed"]),
         )
 
     def requests_for(self, concurrency: int) -> int:
@@ -293,13 +322,22 @@ class Matrix:
         longest = max(self.context_lengths) if "synthetic" in self.workloads else 0
         return max(longest, self.real_text["max_prompt_tokens"] if set(self.workloads) - {"synthetic"} else 0)
 
+    def _prompt_sets(self) -> list[tuple[str, int]]:
+        return [(w, ctx) for w in self.workloads for ctx in (self.context_lengths if w == "synthetic" else [0])]
+
     def cells(self) -> list[tuple[str, int, int]]:
-        """(workload, ctx, C) of every cell; real-text workloads have their own prompt lengths, keyed ctx = 0."""
-        out = []
-        for workload in self.workloads:
-            lengths = self.context_lengths if workload == "synthetic" else [0]
-            out += [(workload, ctx, c) for ctx in lengths for c in self.concurrencies]
-        return out
+        """(workload, ctx, C) of every closed-loop cell; real-text workloads have their own prompt lengths, keyed
+        ctx = 0."""
+        return [(w, ctx, c) for w, ctx in self._prompt_sets() for c in self.concurrencies]
+
+    def rate_cells(self) -> list[tuple[str, int, float]]:
+        """(workload, ctx, request rate) of every open-loop cell."""
+        return [(w, ctx, r) for w, ctx in self._prompt_sets() for r in self.request_rates]
+
+    def rate_warmup_requests(self) -> int:
+        """Requests a rate cell must complete before its window opens: ``warmup.requests_per_concurrency`` (a
+        rate cell has no C to multiply by), at least one, so the window opens on a server that has answered."""
+        return max(1, int(round(self.warmup_per_concurrency)))
 
 
 @dataclass
@@ -319,6 +357,7 @@ class ServerConfig:
     request_timeout_s: float = 600
     engine_settings: dict = field(default_factory=dict)
     workloads: list | None = None  # the config's own workloads, overriding the matrix's
+    request_rates: list | None = None  # the config's own rate axis, overriding the matrix's
 
     @classmethod
     def from_config(cls, name: str, config: dict) -> "ServerConfig":
@@ -337,6 +376,7 @@ class ServerConfig:
             request_timeout_s=float(sc.get("request_timeout_s", 600)),
             engine_settings=dict(config.get("engines", {}).get(sc["engine"], {})),
             workloads=list(sc["workloads"]) if sc.get("workloads") else None,
+            request_rates=[float(r) for r in sc["request_rates"]] if "request_rates" in sc else None,
         )
 
     @property

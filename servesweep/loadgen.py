@@ -135,6 +135,61 @@ class WindowPlan:
     max_s: float
 
 
+@dataclass(frozen=True)
+class ArrivalPlan:
+    """An open-loop cell: requests are sent at ``rate`` per second on a schedule drawn from ``seed``, whatever the
+    server's pace, with at most ``max_concurrency`` in flight (a send due while the cap is full waits for a slot).
+
+    ``arrival``: ``poisson`` draws Gamma(shape = ``burstiness``, scale = 1 / (rate × burstiness)) gaps, vLLM's
+    rule (burstiness 1 is exponential gaps, a Poisson process); ``constant`` spaces sends exactly 1 / rate apart.
+    """
+
+    rate: float
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    max_concurrency: int = 512
+    seed: int = 0
+
+
+class ArrivalSchedule:
+    """The absolute send offsets (seconds after the cell starts) of an ``ArrivalPlan``: gap k is the same number
+    whatever is asked for first, since the gaps are drawn from one seeded generator in blocks, in order.
+
+    Sends are due at these offsets from one origin (vLLM's way), so a send that goes out late does not push the
+    later ones back; SGLang's client sleeps a fresh gap after each send, so its lateness adds up.
+    """
+
+    BLOCK = 4096
+
+    def __init__(self, plan: ArrivalPlan):
+        if plan.rate <= 0:
+            raise ValueError(f"request rate must be > 0, got {plan.rate}")
+        if plan.arrival not in ("poisson", "constant"):
+            raise ValueError(f"arrival must be poisson or constant, got {plan.arrival!r}")
+        import numpy as np
+
+        self.plan = plan
+        self._rng = np.random.default_rng(plan.seed)
+        self._times: list[float] = []
+        self._last = 0.0
+
+    def _extend(self) -> None:
+        plan = self.plan
+        if plan.arrival == "constant":
+            gaps = [1.0 / plan.rate] * self.BLOCK
+        else:
+            gaps = self._rng.gamma(plan.burstiness, 1.0 / (plan.rate * plan.burstiness), self.BLOCK).tolist()
+        for gap in gaps:
+            self._times.append(self._last)  # the first send is due at once, as in vLLM and SGLang
+            self._last += gap
+
+    def time(self, k: int) -> float:
+        """When send ``k`` (from 0) is due, in seconds after the cell's start."""
+        while k >= len(self._times):
+            self._extend()
+        return self._times[k]
+
+
 # A cell whose client event loop woke up later than this (p99 of a 10 ms sleep) had a client that could not keep
 # up with the streams, so its timings and throughput describe the client, not the server. In the fidelity
 # benchmark (docs/performance.md) a client whose p99 lag stays under it measures ITL within a few milliseconds.
@@ -176,6 +231,8 @@ class LoadSpec:
     # A steady-state cell: prompts come from ``prompt_source.get(i)`` until the window closes.
     window: WindowPlan | None = None
     prompt_source: SyntheticPrompts | TextPrompts | None = None
+    # An open-loop cell (with a window): sends follow this schedule instead of ``concurrency`` streams.
+    arrivals: ArrivalPlan | None = None
 
 
 class LoopLagMonitor:
@@ -634,6 +691,8 @@ async def run_load(spec: LoadSpec, on_window_start: Callable[[], Awaitable[None]
 
     Returns (request records, client self-check figures: loop lag, client CPU, ``client_bound``, window).
     """
+    if spec.arrivals is not None and (spec.window is None or spec.workers > 1):
+        raise ValueError("an open-loop cell (arrivals) runs in one process, inside a window")
     workers = max(1, min(spec.workers, spec.concurrency))
     window = _WindowState(spec.window, on_window_start, on_window_end) if spec.window else None
     if workers == 1:
@@ -745,32 +804,90 @@ async def _run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] |
         next_index += index_step
         return i, spec.prompt_source.get(i)
 
+    def done(rec: dict) -> None:
+        records.append(rec)
+        if window is not None:
+            window.completion(rec)
+        if shared is not None:
+            shared.completion(rec)
+        if bar is not None:
+            bar.update(1)
+
     async def worker() -> None:
         while (item := take()) is not None:
-            rec = await stream_one(target, spec, item[1], item[0])
-            records.append(rec)
-            if window is not None:
-                window.completion(rec)
-            if shared is not None:
-                shared.completion(rec)
-            if bar is not None:
-                bar.update(1)
+            done(await stream_one(target, spec, item[1], item[0]))
 
+    unsent: list[int] = []
     monitor = LoopLagMonitor()
     monitor.start()
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:
-        streams = [worker() for _ in range(spec.concurrency)]
+        if spec.arrivals is not None:
+            streams = [_open_loop(spec, target, take, done, lambda: window is not None and window.stop, unsent)]
+        else:
+            streams = [worker() for _ in range(spec.concurrency)]
         if window is not None:
             streams.append(window.run())
         await asyncio.gather(*streams)
     finally:
         client = await monitor.stop()
+        if spec.arrivals is not None:
+            client["unsent_at_close"] = len(unsent)
         client["client_cpu_s"] = time.process_time() - cpu0
         client["client_wall_s"] = time.monotonic() - wall0
         if bar is not None:
             bar.close()
     return records, client
+
+
+STOP_POLL_S = 0.05
+
+
+async def _open_loop(spec: LoadSpec, target: "_Target", take: Callable[[], tuple[int, object] | None],
+                     done: Callable[[dict], None], stopped: Callable[[], bool], unsent: list[int]) -> None:
+    """Send requests at the times of ``spec.arrivals``' schedule until ``take`` has no more (the window closed).
+
+    Each request records ``scheduled`` (when it was due), ``send`` (when it went out, the start of its TTFT),
+    ``client_queue_s`` (time spent waiting for a slot under ``max_concurrency``, outside TTFT as in vLLM) and
+    ``send_lag_s`` (how late the client itself was: send − scheduled − queue time). A send still waiting for a slot
+    when the window closes is not sent (counted in ``unsent``).
+    """
+    plan = spec.arrivals
+    schedule = ArrivalSchedule(plan)
+    slots = asyncio.Semaphore(plan.max_concurrency)
+    loop = asyncio.get_running_loop()
+    running: set[asyncio.Task] = set()
+
+    async def one(index: int, prompt, due: float) -> None:
+        ready = now()
+        async with slots:
+            if stopped():
+                unsent.append(index)
+                return
+            queued = now() - ready
+            rec = await stream_one(target, spec, prompt, index)
+        rec["scheduled"] = due
+        rec["client_queue_s"] = queued
+        rec["send_lag_s"] = rec["send"] - due - queued
+        done(rec)
+
+    origin = now()
+    k = 0
+    while True:
+        due = origin + schedule.time(k)
+        # Sleep until the send is due, waking at least every STOP_POLL_S: at a low rate the window may close long
+        # before the next send, and the cell should not wait for it.
+        while (delay := due - now()) > 0 and not stopped():
+            await asyncio.sleep(min(delay, STOP_POLL_S))
+        item = take()
+        if item is None:
+            break
+        task = loop.create_task(one(item[0], item[1], due))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        k += 1
+    if running:
+        await asyncio.gather(*running)
 
 
 class _SharedWindow:

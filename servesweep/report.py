@@ -16,6 +16,7 @@ from servesweep.charts import CHART_FILES, ENERGY_DIR, ENERGY_FILE, has_gpu_ener
 from servesweep.slo import SLO
 from servesweep.speculation import speculation_status
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
+from servesweep.report_rate import closed_loop_views, rate_section
 
 
 
@@ -712,6 +713,8 @@ def write_findings(out_path: Path, inputs, baseline: str, slos: list[SLO] | None
     for m in metas:
         m["speculative"] = bool((m.get("labels") or {}).get("speculative") not in (None, "none"))
     env_card = Path(inputs.env).read_text()
+    rate_lines = rate_section(cells, metas)  # then the closed-loop sections below see closed-loop cells only
+    cells, speedup, repeats = closed_loop_views(cells, speedup, repeats)
     matrix = metas[0]["matrix"] if metas else {}
     host = metas[0].get("host") if metas else "?"
 
@@ -768,6 +771,7 @@ def write_findings(out_path: Path, inputs, baseline: str, slos: list[SLO] | None
         lines += ["Configuration warnings:", ""] + warnings + [""]
     lines += correctness_section(pd.read_csv(inputs.correctness), Path(inputs.correctness_md).read_text(), baseline)
     lines += power_energy_section(cells, "")
+    lines += rate_lines
     lines += charts_section(cells)
     lines += ["## Environment", "", env_card, ""]
     lines += ["## Command lines", ""]

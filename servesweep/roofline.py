@@ -81,7 +81,8 @@ def annotate(cells, meta: dict):
         cells["decode_ceiling_tok_s"] = math.nan
         cells["pct_of_ceiling"] = math.nan
     else:
-        ceiling = [decode_ceiling_tok_s(arch, int(c), int(x), output_tokens, bandwidth)
+        # A rate cell has no fixed concurrency (its concurrency is empty), so no ceiling.
+        ceiling = [math.nan if c != c else decode_ceiling_tok_s(arch, int(c), int(x), output_tokens, bandwidth)
                    for c, x in zip(cells["concurrency"], cells["ctx"])]
         cells["decode_ceiling_tok_s"] = ceiling
         cells["pct_of_ceiling"] = 100 * cells["agg_output_tok_s"] / cells["decode_ceiling_tok_s"]

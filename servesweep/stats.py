@@ -1,7 +1,7 @@
 """Latency, throughput and interval statistics from per-request timing records (pure functions, no I/O).
 
-The measurement model (docs/measurement.md): a cell is closed-loop at concurrency C with a warm-up, a measured
-window [t_start, t_end) and a drain. Throughput counts only the output tokens that arrived inside the window;
+The measurement model (docs/measurement.md): a cell is closed-loop at concurrency C, or open-loop at a request rate,
+with a warm-up, a measured window [t_start, t_end) and a drain. Throughput counts only the output tokens that arrived inside the window;
 latency percentiles come from the requests that were sent inside it. A cell is measured in several repeats, and
 every aggregate carries a 95 % confidence interval over the repeats; a ratio of two configs' means carries a
 Fieller interval over both configs' repeats.
@@ -206,6 +206,72 @@ def window_stats(records: list[dict], t_start: float, t_end: float) -> dict:
     }
     stats.update(_latency_columns(ok))
     return stats
+
+
+def arrival_stats(records: list[dict], t_start: float, t_end: float, rate: float) -> dict:
+    """How faithfully one repeat of a rate cell offered its load, over the window [t_start, t_end).
+
+    - ``offered_rps``: the configured rate. ``scheduled_rps``: sends the schedule put inside the window / window
+      (a Poisson schedule's own count varies around the rate). ``achieved_arrival_rps``: requests actually sent
+      inside the window / window.
+    - ``send_lag_p50_ms`` / ``send_lag_p99_ms``: how late the client sent (send − scheduled − queue time), over the
+      requests sent inside the window; ``client_queue_p99_s`` / ``client_queue_mean_s``: time waiting for a slot
+      under ``max_concurrency`` (not part of TTFT).
+    """
+    length = max(t_end - t_start, 1e-9)
+    inside = [r for r in records if t_start <= r["send"] < t_end]
+    lags = [r["send_lag_s"] * 1e3 for r in inside if r.get("send_lag_s") is not None]
+    queued = [r["client_queue_s"] for r in inside if r.get("client_queue_s") is not None]
+    return {
+        "offered_rps": rate,
+        "scheduled_rps": sum(1 for r in records if r.get("scheduled") is not None
+                             and t_start <= r["scheduled"] < t_end) / length,
+        "achieved_arrival_rps": len(inside) / length,
+        "send_lag_p50_ms": percentile(lags, 50),
+        "send_lag_p99_ms": percentile(lags, 99),
+        "client_queue_mean_s": float(np.mean(queued)) if queued else math.nan,
+        "client_queue_p99_s": percentile(queued, 99),
+    }
+
+
+def wilson_ci95(good: int, n: int) -> tuple[float, float]:
+    """Wilson score 95 % interval of a proportion ``good`` / ``n``; (NaN, NaN) for n = 0."""
+    if n <= 0:
+        return math.nan, math.nan
+    z = float(sps.norm.ppf(0.5 + CONFIDENCE / 2))
+    p = good / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def goodput_stats(records: list[dict], t_start: float, t_end: float, slos) -> dict:
+    """Per target (``servesweep.slo.SLO``): the measured requests (sent inside the window) that were good under
+    vLLM's rule (``SLO.request_good``; a failed request is never good), as ``slo_<name>_good``; goodput
+    ``goodput_<name>_rps`` = good / window length; attainment ``slo_<name>_attainment`` = good / measured requests
+    (its interval over the pooled repeats: ``pooled_attainment``)."""
+    length = max(t_end - t_start, 1e-9)
+    inside = [r for r in records if t_start <= r["send"] < t_end]
+    timings = [(r, request_timings(r)) for r in inside if not r.get("error")]
+    out: dict = {}
+    for slo in slos:
+        good = sum(1 for r, t in timings
+                   if slo.request_good(t["ttft_s"], t["tpot_s"], t["e2e_s"], r.get("completion_tokens")))
+        out[f"slo_{slo.name}_good"] = good
+        out[f"goodput_{slo.name}_rps"] = good / length
+        out[f"slo_{slo.name}_attainment"] = good / len(inside) if inside else math.nan
+    return out
+
+
+def pooled_attainment(rows: list[dict], names: Iterable[str]) -> dict:
+    """Per target, the Wilson 95 % interval of attainment over a cell's repeats pooled (good and measured
+    requests summed): ``slo_<name>_attainment_lo`` / ``_hi``."""
+    out = {}
+    n = sum(int(r.get("requests") or 0) for r in rows)
+    for name in names:
+        good = sum(int(r.get(f"slo_{name}_good") or 0) for r in rows)
+        out[f"slo_{name}_attainment_lo"], out[f"slo_{name}_attainment_hi"] = wilson_ci95(good, n)
+    return out
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:

@@ -49,7 +49,7 @@ def test_server_death_mid_matrix_keeps_finished_cells(tmp_path):
     meta = json.loads((paths.attempt_dir / "meta.json").read_text())
     assert meta["status"] == "failed" and meta["cells_measured"] >= 1
     first = (paths.attempt_dir / "cells.csv").read_text().splitlines()
-    assert first[0].startswith("config,") and first[1].startswith("ar,llamacpp,synthetic,32,1,")
+    assert first[0].startswith("config,") and first[1].startswith("ar,llamacpp,synthetic,32,concurrency,1,")
     assert (paths.attempt_dir / "requests.jsonl").read_text().strip()
     assert not paths.cells_csv.exists(), "a failed job must not publish its declared outputs"
     assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"

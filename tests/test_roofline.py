@@ -51,3 +51,11 @@ def test_skipped_without_gpu_or_architecture():
     no_arch = rl.annotate(cells, {"model": "m", "model_architecture": {},
                                   "telemetry_host": {"gpu": "nvml", "gpus": [H200]}})
     assert "models.m.architecture lacks parameters_b, weight_bits" in no_arch["roofline_note"][0]
+
+
+def test_rate_cell_has_no_ceiling():
+    meta = {"model": "m", "model_architecture": GEMMA, "matrix": {"output_tokens": 128},
+            "telemetry_host": {"gpu": "nvml", "gpus": [H200]}}
+    cells = pd.DataFrame({"ctx": [128, 128], "concurrency": [8, math.nan], "agg_output_tok_s": [100.0, 50.0]})
+    out = rl.annotate(cells, meta)
+    assert out["decode_ceiling_tok_s"][0] > 0 and math.isnan(out["decode_ceiling_tok_s"][1])
