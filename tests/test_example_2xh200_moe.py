@@ -47,3 +47,20 @@ def test_verdicts(report):
     assert "- ctx=1024 C=64: `ep2` (5926.6 tok/s), the only config measured." in text
     assert "`tp2` ctx=1024 C=64: client-bound in 2 of 3 repeats" in text
     assert "`pp2` at 1024 prompt tokens is slower at C=1" in text
+
+
+def test_identity_under_parallelism_on_the_real_servers():
+    """What each real two-GPU server reported in /server_info (kept in meta.json) matches its own config's
+    tp/pp/ep/dp and no other config's: the identity check tells the four layouts apart."""
+    import yaml
+
+    from servesweep.engines.sglang import server_identity
+
+    config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())["server_configs"]
+    layouts = {"tp2": (2, 1, 1, 1), "ep2": (2, 1, 2, 1), "dp2": (1, 1, 1, 2), "pp2": (1, 2, 1, 1)}
+    for name, (tp, pp, ep, dp) in layouts.items():
+        identity = json.loads((EXAMPLE / "runs" / name / "meta.json").read_text())["identity"]
+        assert (identity["tp_size"], identity["pp_size"], identity["ep_size"], identity["dp_size"]) == (tp, pp, ep, dp)
+        for other in layouts:
+            _, problems = server_identity(identity, config[other]["options"], "moe-2.7b-dummy")
+            assert (problems == []) == (other == name), (name, other, problems)
