@@ -32,6 +32,7 @@ rule report:
 rule write_findings:
     input:
         cells="results/tables/cells.csv",
+        repeats="results/tables/repeats.csv",
         noise="results/tables/noise.json",
         throughput="results/tables/throughput.md",
         speedup="results/tables/speedup.csv",
