@@ -8,12 +8,14 @@ if any(config["models"][m]["source"].get("huggingface", {}).get("token_required"
 rule download_model:
     output:
         manifest="resources/models/{model}/manifest.json",
+    log:
+        "logs/download/{model}.log",
+    benchmark:
+        "results/benchmarks/download_model/{model}.tsv"
+    conda:
+        "../envs/servesweep.yaml"
     params:
         model=lambda wc: config["models"][wc.model],
         dest=lambda wc: f"resources/models/{wc.model}",
-    log:
-        "logs/download/{model}.log",
-    conda:
-        "../envs/servesweep.yaml"
     script:
         "../scripts/download_model.py"
