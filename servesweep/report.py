@@ -394,14 +394,14 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
         for key, g in busy.groupby(keys):
             r = g.iloc[0]
             of = len(repeats[(repeats[keys] == pd.Series(dict(zip(keys, key)))).all(axis=1)])
-            out.append(f"- `{r['config']}` {cell_label(r)}: {len(g)} of {of} repeats were measured while other processes "
-                       f"used {g['host_other_cpu_pct'].max():.0f} % of the host's CPU (more than {HOST_BUSY_PCT:.0f} "
-                       "%): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
+            out.append(f"- `{r['config']}` {cell_label(r)}: {len(g)} of {of} repeats were measured while other "
+                       f"processes used {g['host_other_cpu_pct'].max():.0f} % of the host's CPU (more than "
+                       f"{HOST_BUSY_PCT:.0f} %): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
                        "two quiet repeats is not compared at all.")
     if "window_capped" in cells:
         for r in cells[cells["window_capped"].fillna(False).astype(bool)].itertuples():
-            out.append(f"- `{r.config}` {cell_label(r)}: the measured window reached `matrix.measure.max_seconds` before "
-                       "enough requests completed; its latency percentiles rest on fewer requests than asked for.")
+            out.append(f"- `{r.config}` {cell_label(r)}: the measured window reached `matrix.measure.max_seconds` "
+                       "before enough requests completed; its latency percentiles rest on fewer requests than asked for.")
     if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
         synthetic = cells[cells.get("workload", "synthetic") == "synthetic"]
         off = synthetic[(synthetic["prompt_tokens_per_request"] - synthetic["requested_prompt_tokens"]).abs() > 2]
