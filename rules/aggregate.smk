@@ -13,12 +13,12 @@ rule aggregate_tables:
         speedup_md="results/tables/speedup.md",
         energy=report_table("energy"),
         energy_md="results/tables/energy.md",
-    params:
-        baseline=BASELINE,
-        cost=config["cost"],
     log:
         "logs/aggregate/tables.log",
     conda:
         "../envs/servesweep.yaml"
+    params:
+        baseline=BASELINE,
+        cost=config["cost"],
     script:
         "../scripts/aggregate_tables.py"

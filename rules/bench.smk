@@ -13,8 +13,12 @@ rule bench_config:
         telemetry="results/runs/{cfg}/telemetry.csv",
         coding_eval="results/runs/{cfg}/coding_eval.json",
         greedy="results/runs/{cfg}/greedy.jsonl",
-    params:
-        run=get_bench_params,
+    log:
+        "logs/bench/{cfg}.log",
+    benchmark:
+        "results/benchmarks/bench_config/{cfg}.tsv"
+    conda:
+        "../envs/servesweep.yaml"
     # The SLURM profile turns these into the config's job request; local runs ignore them.
     resources:
         gpu=get_gpus,
@@ -24,9 +28,7 @@ rule bench_config:
         cpus_per_task=get_slurm_setting("cpus_per_task"),
         slurm_partition=get_slurm_setting("partition"),
         slurm_account=get_slurm_setting("account"),
-    log:
-        "logs/bench/{cfg}.log",
-    conda:
-        "../envs/servesweep.yaml"
+    params:
+        run=get_bench_params,
     script:
         "../scripts/bench_config.py"

@@ -119,8 +119,7 @@ def get_env_needs():
     return {
         "engines": get_engines_used(),
         "max_gpus": max(
-            get_engine(sc["engine"]).world_size(sc.get("options", {}))
-            for sc in config["server_configs"].values()
+            get_engine(sc["engine"]).world_size(sc.get("options", {})) for sc in config["server_configs"].values()
         ),
         "models": {m: config["models"][m] for m in get_models_used()},
         "nvls_configs": nvls_configs(config["server_configs"]),
@@ -132,8 +131,10 @@ def in_report(path, caption, category, **labels):
     `category`; keyword labels (chart=..., format=...) become the columns the report lists the category's items by.
     A missing caption file stops the workflow from loading instead of leaving an item unexplained in the report."""
     if not (Path(workflow.basedir) / "report" / "captions" / f"{caption}.rst").exists():
-        raise WorkflowError(f"{path} is flagged for the report but report/captions/{caption}.rst does not exist: add "
-                            "it (what the item shows and how it was measured, citing docs/measurement.md)")
+        raise WorkflowError(
+            f"{path} is flagged for the report but report/captions/{caption}.rst does not exist: add "
+            "it (what the item shows and how it was measured, citing docs/measurement.md)"
+        )
     # Relative to rules/, where every rule that calls this is defined.
     return report(path, caption=f"../report/captions/{caption}.rst", category=category, labels=labels or None)
 
@@ -148,8 +149,13 @@ def report_chart_dir(folder, name):
     caption = f"../report/captions/{name}.rst"
     if not (Path(workflow.basedir) / "report" / "captions" / f"{name}.rst").exists():
         raise WorkflowError(f"report/captions/{name}.rst does not exist: add it")
-    return report(directory(f"results/report/{folder}"), patterns=[f"{name}.{{fmt}}"], caption=caption,
-                  category="Charts", labels={"chart": name.replace("_", " "), "format": "{fmt}"})
+    return report(
+        directory(f"results/report/{folder}"),
+        patterns=[f"{name}.{{fmt}}"],
+        caption=caption,
+        category="Charts",
+        labels={"chart": name.replace("_", " "), "format": "{fmt}"},
+    )
 
 
 def report_table(name, fmt="csv"):

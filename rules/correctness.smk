@@ -6,11 +6,11 @@ rule check_lossless:
     output:
         csv=report_table("correctness"),
         md="results/tables/correctness.md",
-    params:
-        baseline=BASELINE,
     log:
         "logs/correctness/check_lossless.log",
     conda:
         "../envs/servesweep.yaml"
+    params:
+        baseline=BASELINE,
     script:
         "../scripts/check_lossless.py"

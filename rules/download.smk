@@ -10,12 +10,14 @@ rule download_model:
         sources=get_source_manifests,
     output:
         manifest="resources/models/{model}/manifest.json",
+    log:
+        "logs/download/{model}.log",
+    benchmark:
+        "results/benchmarks/download_model/{model}.tsv"
+    conda:
+        "../envs/servesweep.yaml"
     params:
         model=lambda wc: config["models"][wc.model],
         dest=lambda wc: f"resources/models/{wc.model}",
-    log:
-        "logs/download/{model}.log",
-    conda:
-        "../envs/servesweep.yaml"
     script:
         "../scripts/download_model.py"

@@ -1,17 +1,19 @@
 rule prepare_engine:
     output:
         facts="resources/engines/{engine}.json",
-    params:
-        settings=lambda wc: config.get("engines", {}).get(wc.engine, {}),
+    log:
+        "logs/engines/{engine}.log",
+    benchmark:
+        "results/benchmarks/prepare_engine/{engine}.tsv"
+    conda:
+        "../envs/servesweep.yaml"
     # Built or checked on a compute node: it must match the nodes the servers run on.
     resources:
         mem_mb=get_mem_mb,
         slurm_partition=get_slurm_setting("partition"),
         slurm_account=get_slurm_setting("account"),
-    log:
-        "logs/engines/{engine}.log",
-    conda:
-        "../envs/servesweep.yaml"
+    params:
+        settings=lambda wc: config.get("engines", {}).get(wc.engine, {}),
     script:
         "../scripts/prepare_engine.py"
 
@@ -23,8 +25,12 @@ rule check_env:
     output:
         facts=f"results/env/{HOST}.json",
         card=in_report(f"results/env/{HOST}.md", "host", "Host"),
-    params:
-        needs=get_env_needs(),
+    log:
+        f"logs/envcheck/{HOST}.log",
+    benchmark:
+        f"results/benchmarks/check_env/{HOST}.tsv"
+    conda:
+        "../envs/servesweep.yaml"
     # On a cluster the check runs where the configs will: same partition, as many GPUs as the largest config.
     resources:
         gpu=get_env_needs()["max_gpus"],
@@ -32,9 +38,7 @@ rule check_env:
         mem_mb=get_mem_mb,
         slurm_partition=get_slurm_setting("partition"),
         slurm_account=get_slurm_setting("account"),
-    log:
-        f"logs/envcheck/{HOST}.log",
-    conda:
-        "../envs/servesweep.yaml"
+    params:
+        needs=get_env_needs(),
     script:
         "../scripts/check_env.py"

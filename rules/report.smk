@@ -14,12 +14,12 @@ rule plot_charts:
         latency_svg=report_chart("latency_vs_throughput", "svg"),
         # Drawn only where GPU energy was measured: otherwise the folder stays empty.
         energy=report_chart_dir("energy", "energy_per_token"),
-    params:
-        baseline=BASELINE,
     log:
         "logs/report/charts.log",
     conda:
         "../envs/servesweep.yaml"
+    params:
+        baseline=BASELINE,
     script:
         "../scripts/plot_charts.py"
 
@@ -32,6 +32,7 @@ rule report:
 rule write_findings:
     input:
         cells="results/tables/cells.csv",
+        repeats="results/tables/repeats.csv",
         noise="results/tables/noise.json",
         throughput="results/tables/throughput.md",
         speedup="results/tables/speedup.csv",
@@ -45,13 +46,13 @@ rule write_findings:
         charts=rules.plot_charts.output,
     output:
         findings=in_report("results/report/FINDINGS.md", "findings", "Findings"),
-    params:
-        baseline=BASELINE,
-        slo=config["slo"],
-        cost=config["cost"],
     log:
         "logs/report/findings.log",
     conda:
         "../envs/servesweep.yaml"
+    params:
+        baseline=BASELINE,
+        slo=config["slo"],
+        cost=config["cost"],
     script:
         "../scripts/write_findings.py"

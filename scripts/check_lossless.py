@@ -2,7 +2,10 @@ import sys
 
 sys.stderr = open(snakemake.log[0], "w")
 
+from pathlib import Path
+
 from servesweep.correctness.table import write_correctness_tables
 
-write_correctness_tables(snakemake.input.coding_eval, snakemake.input.greedy, snakemake.input.meta,
-                         snakemake.params.baseline, snakemake.output.csv, snakemake.output.md)
+i = snakemake.input
+write_correctness_tables([Path(p) for p in i.coding_eval], [Path(p) for p in i.greedy], [Path(p) for p in i.meta],
+                         snakemake.params.baseline, Path(snakemake.output.csv), Path(snakemake.output.md))

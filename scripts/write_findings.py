@@ -4,8 +4,12 @@ sys.stderr = open(snakemake.log[0], "w")
 
 from pathlib import Path
 
-from servesweep.report import write_findings
+from servesweep.report import FindingsInputs, write_findings
 from servesweep.slo import slos_from_config
 
-write_findings(Path(snakemake.output.findings), snakemake.input, snakemake.params.baseline,
+i = snakemake.input
+inputs = FindingsInputs(cells=i.cells, repeats=i.repeats, noise=i.noise, throughput_md=i.throughput,
+                        speedup=i.speedup, speedup_md=i.speedup_md, energy_md=i.energy_md,
+                        correctness=i.correctness, correctness_md=i.correctness_md, metas=i.meta, env_card=i.env)
+write_findings(Path(snakemake.output.findings), inputs, snakemake.params.baseline,
                slos_from_config({"slo": snakemake.params.slo}), snakemake.params.cost)

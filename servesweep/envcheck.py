@@ -348,6 +348,8 @@ def check_host(needs: dict, engine_facts: list[dict], manifests: list[dict], roo
     return {"host": facts.get("host", socket.gethostname()), "platform": facts.get("platform", platform.platform()),
             "python": facts.get("python", {}).get("version", platform.python_version()),
             "cpu_count": facts.get("cpu_count", os.cpu_count()), "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            # Which copy of the library the jobs import: the checkout's, or an installed wheel's.
+            "servesweep_package": str(Path(__file__).resolve().parent),
             "needs": {"engines": list(needs.get("engines", [])), "max_gpus": int(needs.get("max_gpus", 0)),
                       "nvls_configs": list(needs.get("nvls_configs") or [])},
             "checks": checks}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +14,8 @@ import pandas as pd
 from servesweep import stats as stats_mod
 from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT, band_for, clean_repeats, interval_text, with_unit_columns
 from servesweep.charts import CHART_FILES, ENERGY_DIR, ENERGY_FILE, has_gpu_energy
+from servesweep.engines import engine_names, get_engine
+from servesweep.engines.base import cell_label
 from servesweep.slo import SLO
 from servesweep.speculation import speculation_status
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
@@ -31,16 +34,6 @@ def _band(noise, workload: str) -> float:
 
 def _pct(band: float) -> str:
     return "–" if band is None or (isinstance(band, float) and math.isnan(band)) else f"{100 * band:.1f} %"
-
-
-def _cell(r) -> str:
-    """How a cell is named in the report: the prompt length (synthetic prompts) or the workload, and C."""
-    def get(key, default=None):
-        return r.get(key, default) if hasattr(r, "get") else getattr(r, key, default)
-
-    workload = get("workload", "synthetic")
-    where = f"ctx={get('ctx')}" if workload == "synthetic" else workload
-    return f"{where} C={get('concurrency')}"
 
 
 def server_bound(cells: pd.DataFrame) -> pd.DataFrame:
@@ -366,7 +359,7 @@ def noise_paragraph(noise: dict) -> list[str]:
 def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=math.nan) -> list[str]:
     out = []
     for r in cells[cells.get("errors", 0) > 0].itertuples():
-        out.append(f"- `{r.config}` {_cell(r)}: {int(r.errors)} of {int(r.requests)} requests in the measured "
+        out.append(f"- `{r.config}` {cell_label(r)}: {int(r.errors)} of {int(r.requests)} requests in the measured "
                    "windows failed (see requests.jsonl).")
     keys = [k for k in ("workload", "ctx") if k in cells]
     for key, g in cells.sort_values("concurrency").groupby(["config", *keys]):
@@ -380,7 +373,7 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
                 before = sel[sel["concurrency"] == prev.concurrency]["agg_output_tok_s"].tolist()
                 ratio, lo, hi = stats_mod.ratio_ci95(now_, before)
                 if stats_mod.verdict(lo, hi, _band(band, getattr(r, "workload", "synthetic"))) == "slower":
-                    out.append(f"- `{cfg}` {_cell(prev).rsplit(' C=', 1)[0]}: throughput falls from "
+                    out.append(f"- `{cfg}` {cell_label(prev).rsplit(' C=', 1)[0]}: throughput falls from "
                                f"{prev.agg_output_tok_s:.1f} tok/s at C={prev.concurrency} to "
                                f"{r.agg_output_tok_s:.1f} at C={r.concurrency} ({ratio:.2f}× [{lo:.2f}, {hi:.2f}], "
                                "beyond the noise band): more concurrency lowers throughput here; the cause is not "
@@ -393,7 +386,7 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
             of = (f" in {int(r.client_bound_repeats)} of {int(r.repeats)} repeats"
                   if pd.notna(getattr(r, "client_bound_repeats", math.nan)) and pd.notna(getattr(r, "repeats", math.nan))
                   else "")
-            out.append(f"- `{r.config}` {_cell(r)}: client-bound{of} — client event-loop lag p99 up to "
+            out.append(f"- `{r.config}` {cell_label(r)}: client-bound{of} — client event-loop lag p99 up to "
                        f"{lag:.1f} ms > {CLIENT_BOUND_LAG_P99_MS:.0f} ms, so the client limited this cell; its "
                        "throughput is the client's, not the server's speed, and it is left out of the rankings.")
     if repeats is not None and "host_other_cpu_pct" in repeats:
@@ -402,14 +395,14 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
         for key, g in busy.groupby(keys):
             r = g.iloc[0]
             of = len(repeats[(repeats[keys] == pd.Series(dict(zip(keys, key)))).all(axis=1)])
-            out.append(f"- `{r['config']}` {_cell(r)}: {len(g)} of {of} repeats were measured while other processes "
-                       f"used {g['host_other_cpu_pct'].max():.0f} % of the host's CPU (more than {HOST_BUSY_PCT:.0f} "
-                       "%): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
+            out.append(f"- `{r['config']}` {cell_label(r)}: {len(g)} of {of} repeats were measured while other "
+                       f"processes used {g['host_other_cpu_pct'].max():.0f} % of the host's CPU (more than "
+                       f"{HOST_BUSY_PCT:.0f} %): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
                        "two quiet repeats is not compared at all.")
     if "window_capped" in cells:
         for r in cells[cells["window_capped"].fillna(False).astype(bool)].itertuples():
-            out.append(f"- `{r.config}` {_cell(r)}: the measured window reached `matrix.measure.max_seconds` before "
-                       "enough requests completed; its latency percentiles rest on fewer requests than asked for.")
+            out.append(f"- `{r.config}` {cell_label(r)}: the measured window reached `matrix.measure.max_seconds` "
+                       "before enough requests completed; its latency percentiles rest on fewer requests than asked for.")
     if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
         synthetic = cells[cells.get("workload", "synthetic") == "synthetic"]
         off = synthetic[(synthetic["prompt_tokens_per_request"] - synthetic["requested_prompt_tokens"]).abs() > 2]
@@ -419,50 +412,40 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
     return out
 
 
-def engine_metric_findings(cells: pd.DataFrame) -> list[str]:
-    """What the engine columns of the cells table mean for each config: graph coverage, failures, accept length
-    against speedup, and SGLang's silent 48-request cap for speculative decoding."""
+def engine_metric_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
+    """What the engine columns of the cells table mean for each config: accept length against speedup and server
+    failures, then each engine's own findings (``Engine.findings``) for the engines in the sweep."""
     out = []
     if "accept_length" in cells:
         for cfg, g in cells.dropna(subset=["accept_length"]).groupby("config"):
-            parts = ", ".join(f"{_cell(r)}: {r.accept_length:.2f}" for r in g.itertuples())
+            parts = ", ".join(f"{cell_label(r)}: {r.accept_length:.2f}" for r in g.itertuples())
             out.append(f"- `{cfg}` accept length (tokens per verify step, bonus token included): {parts}.")
             if "speedup" in g:
                 # Each verify step costs more than one plain decode step; the speedup says how much of the accepted
                 # length survived that cost.
                 low = g[(g.accept_length > 1.5) & (g.speedup < 1.0)]
                 for r in low.itertuples():
-                    out.append(f"- `{cfg}` at {_cell(r)} accepts {r.accept_length:.2f} tokens per "
+                    out.append(f"- `{cfg}` at {cell_label(r)} accepts {r.accept_length:.2f} tokens per "
                                f"step yet runs at {r.speedup:.2f}× the baseline: drafting and verification cost more "
                                "than the accepted tokens save at this batch size.")
-    if "cuda_graph_coverage" in cells:
-        for cfg, g in cells.dropna(subset=["cuda_graph_coverage"]).groupby("config"):
-            eager = g[g.cuda_graph_coverage < 0.5]
-            if (g.cuda_graph_coverage == 0).all():
-                out.append(f"- `{cfg}` ran every decode step eagerly (CUDA-graph coverage 0 in all "
-                           f"{len(g)} cells): CUDA graphs are off or were never captured in this config, so each "
-                           "step pays the kernel-launch overhead.")
-            elif len(eager):
-                cells_txt = ", ".join(f"{_cell(r)} ({r.cuda_graph_coverage:.0%})"
-                                      for r in eager.itertuples())
-                out.append(f"- `{cfg}` ran most decode steps eagerly (CUDA-graph coverage = decode log lines with "
-                           f"`cuda graph: True` / all decode lines) in {cells_txt}: batches above the captured graph "
-                           "sizes fall back to eager mode, which costs launch overhead; raise `cuda_graph_max_bs` or "
-                           "lower the concurrency.")
     if "failures" in cells:
         for cfg, g in cells[cells.failures.fillna(0) > 0].groupby("config"):
             kinds = sorted({k for v in g.get("failure_kinds", pd.Series(dtype=str)).dropna() for k in str(v).split(";")})
             out.append(f"- `{cfg}` logged {int(g.failures.sum())} server failure line(s) during its cells "
-                       f"({', '.join(kinds) or 'see server.log'}); CUDA-graph capture failures and illegal memory "
-                       "accesses with speculative decoding usually need a smaller `cuda_graph_max_bs`, fewer draft "
-                       "tokens or `cuda_graph: false`.")
-    if {"max_running_req", "max_queue_req"} <= set(cells.columns):
-        capped = cells[(cells.max_running_req == 48) & (cells.concurrency > 48) & (cells.max_queue_req > 0)]
-        for cfg, g in capped.groupby("config"):
-            out.append(f"- `{cfg}` never ran more than 48 requests at once while others queued (C = "
-                       f"{', '.join(str(c) for c in sorted(g.concurrency.unique()))}): SGLang resets "
-                       "max-running-requests to 48 for speculative decoding when it is unset; set "
-                       "`options.max_running_requests`.")
+                       f"({', '.join(kinds) or 'see server.log'}).")
+    return out + engines_findings(cells, metas)
+
+
+def engines_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
+    """Each engine's own finding lines (``Engine.findings``), for the engines the sweep's configs ran on, in engine
+    name order: given that engine's rows of ``cells`` and its configs' meta records."""
+    out = []
+    # A run recorded under an engine no longer registered has no engine to ask.
+    for name in sorted({m.get("engine") for m in metas} & set(engine_names())):
+        own = [m for m in metas if m.get("engine") == name]
+        configs = {m["config"] for m in own}
+        rows = cells[cells["config"].isin(configs)] if "config" in cells else cells.iloc[0:0]
+        out += get_engine(name).findings(rows, own)
     return out
 
 
@@ -699,20 +682,44 @@ def workloads_section(metas: list[dict], cells: pd.DataFrame) -> list[str]:
     return (["## Workloads", ""] + lines + [""]) if lines else []
 
 
-def write_findings(out_path: Path, inputs, baseline: str, slos: list[SLO] | None = None,
+@dataclass(frozen=True)
+class FindingsInputs:
+    """The files FINDINGS.md is written from: the aggregated tables, the correctness tables, each run's meta.json
+    and the host card. Strings are taken as paths."""
+
+    cells: Path
+    repeats: Path  # read where it exists: runs recorded before repeats were kept have none
+    noise: Path | None  # None: no noise band, so no difference is called
+    throughput_md: Path
+    speedup: Path
+    speedup_md: Path
+    energy_md: Path
+    correctness: Path
+    correctness_md: Path
+    metas: tuple[Path, ...]
+    env_card: Path
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "metas":
+                object.__setattr__(self, f.name, tuple(Path(p) for p in value))
+            elif value is not None:
+                object.__setattr__(self, f.name, Path(value))
+
+
+def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: list[SLO] | None = None,
                    cost: dict | None = None) -> str:
-    """FINDINGS.md from the tables (``inputs``: paths named as in the write_findings rule): the summary per
-    service-level target (``slos``, from the config's ``slo:``; prices from its ``cost:``), the evidence, and the
-    wide per-cell tables in an appendix."""
+    """FINDINGS.md from the tables named by ``inputs``: the summary per service-level target (``slos``, from the
+    config's ``slo:``; prices from its ``cost:``), the evidence, and the wide per-cell tables in an appendix."""
     cells = pd.read_csv(inputs.cells)
     speedup = pd.read_csv(inputs.speedup)
-    repeats_path = Path(inputs.cells).with_name("repeats.csv")
-    repeats = pd.read_csv(repeats_path) if repeats_path.exists() else None
-    noise = json.loads(Path(inputs.noise).read_text()) if getattr(inputs, "noise", None) else {"band": math.nan}
-    metas = [json.loads(Path(p).read_text()) for p in sorted(inputs.meta)]
+    repeats = pd.read_csv(inputs.repeats) if inputs.repeats.exists() else None
+    noise = json.loads(inputs.noise.read_text()) if inputs.noise else {"band": math.nan}
+    metas = [json.loads(p.read_text()) for p in sorted(inputs.metas)]
     for m in metas:
         m["speculative"] = bool((m.get("labels") or {}).get("speculative") not in (None, "none"))
-    env_card = Path(inputs.env).read_text()
+    env_card = inputs.env_card.read_text()
     rate_lines = rate_section(cells, metas)  # then the closed-loop sections below see closed-loop cells only
     cells, speedup, repeats = closed_loop_views(cells, speedup, repeats)
     matrix = metas[0]["matrix"] if metas else {}
@@ -735,7 +742,7 @@ def write_findings(out_path: Path, inputs, baseline: str, slos: list[SLO] | None
                  "margin is the leader over the runner-up with its 95 % interval):")
     lines.append("")
     for r in best.itertuples():
-        where = _cell(r)
+        where = cell_label(r)
         if not isinstance(r.runner_up, str):
             lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s), the only config measured.")
         elif r.verdict == "faster":
@@ -760,7 +767,7 @@ def write_findings(out_path: Path, inputs, baseline: str, slos: list[SLO] | None
     if aa:
         lines += ["", "A/A check:", ""] + aa
     lines.append("")
-    eng = engine_metric_findings(cells)
+    eng = engine_metric_findings(cells, metas)
     if eng:
         lines += ["Engine metrics per cell (over each measured window):", ""] + eng + [""]
     anomaly = anomalies(cells, repeats, noise)
@@ -769,7 +776,7 @@ def write_findings(out_path: Path, inputs, baseline: str, slos: list[SLO] | None
     warnings = [f"- `{m['config']}`: {w}" for m in metas for w in m.get("warnings") or []]
     if warnings:
         lines += ["Configuration warnings:", ""] + warnings + [""]
-    lines += correctness_section(pd.read_csv(inputs.correctness), Path(inputs.correctness_md).read_text(), baseline)
+    lines += correctness_section(pd.read_csv(inputs.correctness), inputs.correctness_md.read_text(), baseline)
     lines += power_energy_section(cells, "")
     lines += rate_lines
     lines += charts_section(cells)
@@ -783,9 +790,9 @@ def write_findings(out_path: Path, inputs, baseline: str, slos: list[SLO] | None
               "the gap between arrivals, what vLLM's and SGLang's clients call ITL — larger whenever a chunk "
               "carries several tokens, as speculative decoding's do. Per GPU divides by the GPUs the server ran on "
               "(per host for a CPU engine); 1/TPOT p50 is tok/s per user, its interval mapped from TPOT's.", "",
-              Path(inputs.throughput).read_text(), "",
-              f"### Speedup over `{baseline}`", "", Path(inputs.speedup_md).read_text(), "",
-              "### Energy, power, cost and bottleneck", "", Path(inputs.energy_md).read_text(), ""]
+              inputs.throughput_md.read_text(), "",
+              f"### Speedup over `{baseline}`", "", inputs.speedup_md.read_text(), "",
+              "### Energy, power, cost and bottleneck", "", inputs.energy_md.read_text(), ""]
     text = "\n".join(lines) + "\n"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(text)

@@ -62,6 +62,29 @@ def engine_names_in_python(source: str) -> list[tuple[int, str]]:
     return hits
 
 
+# Modules whose strings become report text: there an engine named even in a sentence is engine knowledge in the
+# report (SGLang's request cap was such a sentence); it belongs in that engine's ``findings``.
+REPORT_MODULES = ("servesweep/report.py", "servesweep/charts.py")
+# Report phrases that name the peer benchmark clients whose conventions a column follows, not an engine servesweep
+# launches.
+REPORT_PHRASES_ALLOWED = ("vLLM's and SGLang's clients",)
+
+
+def engine_names_in_strings(source: str, allowed: tuple[str, ...] = ()) -> list[tuple[int, str]]:
+    """(line, text) of every string constant, sentences and f-string parts included, naming an engine outside the
+    ``allowed`` phrases; docstrings and comments are not report text and are left out."""
+    pattern, tree = _engine_name_pattern(), ast.parse(source)
+    docstrings, hits = _docstring_nodes(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            text = node.value
+            for phrase in allowed:
+                text = text.replace(phrase, "")
+            if pattern.search(text):
+                hits.append((node.lineno, node.value))
+    return hits
+
+
 def engine_names_in_rules(text: str) -> list[tuple[int, str]]:
     """(line, text) of every non-comment Snakemake line naming an engine."""
     pattern = _engine_name_pattern()
@@ -96,6 +119,20 @@ def test_no_engine_names_outside_engines():
     assert not unexpected, f"engine knowledge outside servesweep/engines/ (move it into an engine): {unexpected}"
     stale = ENGINE_NAMES_ALLOWED - set(found)
     assert not stale, f"no longer name an engine: drop them from ENGINE_NAMES_ALLOWED: {stale}"
+
+
+def test_report_string_scan_finds_sentences():
+    source = ('"""Findings, SGLang\'s included."""\ncap = 48  # SGLang\nx = f"- `{cfg}`: SGLang resets it to {cap}"\n'
+              'y = "what vLLM\'s and SGLang\'s clients call ITL"\n')
+    assert engine_names_in_strings(source, REPORT_PHRASES_ALLOWED) == [(3, "`: SGLang resets it to ")]
+    assert sorted(line for line, _ in engine_names_in_strings(source)) == [3, 4]
+
+
+def test_report_text_names_no_engine():
+    """What the report says about one engine comes from that engine's ``findings``."""
+    found = {rel: hits for rel in REPORT_MODULES
+             if (hits := engine_names_in_strings((ROOT / rel).read_text(), REPORT_PHRASES_ALLOWED))}
+    assert not found, f"report text naming an engine (move it into that engine's findings): {found}"
 
 
 def _module_name(path: Path) -> str:

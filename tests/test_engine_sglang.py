@@ -296,3 +296,22 @@ def test_skip_server_warmup_asks_for_client_warmup():
 
     assert SGLangEngine().needs_client_warmup(view({"tp": 8, "skip_server_warmup": True}))
     assert not SGLangEngine().needs_client_warmup(view({"tp": 8}))
+
+
+def test_findings_name_the_speculative_request_cap_and_eager_decoding():
+    import pandas as pd
+
+    from servesweep.engines.sglang import SPEC_DEFAULT_MAX_RUNNING
+
+    cap = SPEC_DEFAULT_MAX_RUNNING
+    cells = pd.DataFrame({"config": ["spec", "spec", "wide", "eager"], "ctx": [128] * 4,
+                          "concurrency": [cap, 2 * cap, 2 * cap, 8],
+                          "max_running_req": [cap, cap, 2 * cap, 8], "max_queue_req": [0, 30, 0, 0],
+                          "cuda_graph_coverage": [1.0, 1.0, 1.0, 0.0], "failures": [0, 0, 0, 2]})
+    lines = get_engine("sglang").findings(cells, [])
+    assert lines[0].startswith("- `eager` ran every decode step eagerly (CUDA-graph coverage 0 in all 1 cells)")
+    assert lines[1].startswith("- `eager`: ") and "`cuda_graph_max_bs`" in lines[1]
+    assert lines[2] == (f"- `spec` never ran more than {cap} requests at once while others queued (C = {2 * cap}): "
+                        f"SGLang resets max-running-requests to {cap} for speculative decoding when it is unset; set "
+                        "`options.max_running_requests`.")
+    assert len(lines) == 3  # the config that ran 2 × cap requests at once, and the one at C = cap, are not capped

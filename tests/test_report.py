@@ -209,3 +209,15 @@ def test_configs_measured_side_by_side_are_named_with_their_gpus_and_overlap():
     note = " ".join(side_by_side_note(metas))
     assert "`ar` (GPUs 0) with `ngram` (GPUs 1) for 50 s" in note
     assert side_by_side_note([meta("ar", 100, 200, "0"), meta("ngram", 200, 300, "0")]) == []
+
+
+def test_each_engine_reports_on_its_own_configs_only():
+    """The request-cap finding is SGLang's: a config of another engine with the same counters gets none."""
+    from servesweep.report import engines_findings
+
+    df = pd.DataFrame({"config": ["s", "v"], "ctx": [128, 128], "concurrency": [64, 64],
+                       "max_running_req": [48, 48], "max_queue_req": [16, 16]})
+    metas = [{"config": "s", "engine": "sglang"}, {"config": "v", "engine": "vllm"}]
+    lines = engines_findings(df, metas)
+    assert len(lines) == 1 and lines[0].startswith("- `s` never ran more than 48 requests")
+    assert engines_findings(df, [{"config": "v", "engine": "vllm"}, {"config": "s", "engine": "retired"}]) == []

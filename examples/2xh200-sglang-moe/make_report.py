@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import yaml
 
@@ -21,7 +20,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from servesweep.aggregate import build_tables_in  # noqa: E402
 from servesweep.config import apply_defaults  # noqa: E402
 from servesweep.correctness.table import write_correctness_tables  # noqa: E402
-from servesweep.report import write_findings  # noqa: E402
+from servesweep.report import FindingsInputs, write_findings  # noqa: E402
 from servesweep.slo import slos_from_config  # noqa: E402
 
 CONFIGS = ("dp2", "ep2", "pp2", "tp2")
@@ -42,10 +41,11 @@ def build_report(out: Path, charts: bool = False) -> str:
         from servesweep.charts import write_charts
 
         write_charts(pd.read_csv(tables.cells), pd.read_csv(tables.speedup), BASELINE, out)
-    inputs = SimpleNamespace(cells=tables.cells, noise=tables.noise, throughput=tables.throughput_md,
-                             speedup=tables.speedup, speedup_md=tables.speedup_md, energy_md=tables.energy_md,
-                             correctness=out / "correctness.csv", correctness_md=out / "correctness.md",
-                             meta=[r / "meta.json" for r in runs], env=HERE / "pipeline" / "env" / "vm.md")
+    inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
+                            throughput_md=tables.throughput_md, speedup=tables.speedup, speedup_md=tables.speedup_md,
+                            energy_md=tables.energy_md, correctness=out / "correctness.csv",
+                            correctness_md=out / "correctness.md", metas=[r / "meta.json" for r in runs],
+                            env_card=HERE / "pipeline" / "env" / "vm.md")
     return write_findings(out / "FINDINGS.md", inputs, BASELINE, slos_from_config(config), config["cost"])
 
 

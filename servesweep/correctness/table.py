@@ -17,7 +17,8 @@ def _by_config(paths) -> dict[str, Path]:
     return {Path(p).parent.name: Path(p) for p in paths}
 
 
-def correctness_table(coding_paths, greedy_paths, meta_paths, baseline: str) -> pd.DataFrame:
+def correctness_table(coding_paths: list[Path], greedy_paths: list[Path], meta_paths: list[Path],
+                      baseline: str) -> pd.DataFrame:
     """One row per config; the lossless columns are filled for speculative configs only."""
     coding = {cfg: json.loads(p.read_text()) for cfg, p in _by_config(coding_paths).items()}
     greedy = {cfg: read_greedy(p) for cfg, p in _by_config(greedy_paths).items()}
@@ -70,8 +71,9 @@ def to_markdown(table: pd.DataFrame) -> str:
     return shown.to_markdown(index=False) + "\n"
 
 
-def write_correctness_tables(coding_paths, greedy_paths, meta_paths, baseline: str, csv_path, md_path) -> None:
-    """Write results/tables/correctness.{csv,md}."""
+def write_correctness_tables(coding_paths: list[Path], greedy_paths: list[Path], meta_paths: list[Path], baseline: str,
+                             csv_path: Path, md_path: Path) -> None:
+    """Write results/tables/correctness.{csv,md} from each config's coding_eval.json, greedy.jsonl and meta.json."""
     table = correctness_table(coding_paths, greedy_paths, meta_paths, baseline)
     table.to_csv(csv_path, index=False)
     Path(md_path).write_text(to_markdown(table))

@@ -21,6 +21,17 @@ SPEC_VERIFY = "spec_verify_steps"       # target-model verification steps that c
 SPEC_COLUMNS = (SPEC_DRAFTED, SPEC_ACCEPTED, SPEC_VERIFY)
 
 
+def cell_label(r) -> str:
+    """How the report, and engines' findings, name a cell: its prompt length (synthetic prompts) or its workload, and
+    its concurrency. ``r``: a cells-table row as a dict, a pandas row or a named tuple."""
+    def get(key, default=None):
+        return r.get(key, default) if hasattr(r, "get") else getattr(r, key, default)
+
+    workload = get("workload", "synthetic")
+    where = f"ctx={get('ctx')}" if workload == "synthetic" else workload
+    return f"{where} C={get('concurrency')}"
+
+
 def spec_columns(drafted: float | None = None, accepted: float | None = None, verify: float | None = None) -> dict:
     """The standard speculative columns; None (not reported) becomes NaN, a reported 0 stays 0."""
     return {k: (math.nan if v is None else float(v)) for k, v in zip(SPEC_COLUMNS, (drafted, accepted, verify))}

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from servesweep import promtext
-from servesweep.engines.base import Engine, HostNeeds, LaunchSpec, LogEvent, spec_columns
+from servesweep.engines.base import Engine, HostNeeds, LaunchSpec, LogEvent, cell_label, spec_columns
 from servesweep.numeric import mean_or_nan
 from servesweep.versions import version_tuple
 
@@ -349,6 +349,39 @@ class SGLangEngine(Engine):
                     f"{SPEC_DEFAULT_MAX_RUNNING} for speculative decoding'); cells above C={SPEC_DEFAULT_MAX_RUNNING} "
                     "queue. Set options.max_running_requests."]
         return []
+
+    def findings(self, cells, metas):
+        """CUDA-graph coverage of the decode log lines, the advice for server failures, and the silent
+        ``SPEC_DEFAULT_MAX_RUNNING`` cap on running requests that speculative decoding sets when
+        ``max_running_requests`` is unset."""
+        out = []
+        if "cuda_graph_coverage" in cells:
+            for cfg, g in cells.dropna(subset=["cuda_graph_coverage"]).groupby("config"):
+                eager = g[g.cuda_graph_coverage < 0.5]
+                if (g.cuda_graph_coverage == 0).all():
+                    out.append(f"- `{cfg}` ran every decode step eagerly (CUDA-graph coverage 0 in all "
+                               f"{len(g)} cells): CUDA graphs are off or were never captured in this config, so "
+                               "each step pays the kernel-launch overhead.")
+                elif len(eager):
+                    cells_txt = ", ".join(f"{cell_label(r)} ({r.cuda_graph_coverage:.0%})" for r in eager.itertuples())
+                    out.append(f"- `{cfg}` ran most decode steps eagerly (CUDA-graph coverage = decode log lines "
+                               f"with `cuda graph: True` / all decode lines) in {cells_txt}: batches above the "
+                               "captured graph sizes fall back to eager mode, which costs launch overhead; raise "
+                               "`cuda_graph_max_bs` or lower the concurrency.")
+        if "failures" in cells:
+            for cfg in sorted(set(cells[cells.failures.fillna(0) > 0]["config"])):
+                out.append(f"- `{cfg}`: SGLang's CUDA-graph capture failures and illegal memory accesses with "
+                           "speculative decoding usually need a smaller `cuda_graph_max_bs`, fewer draft tokens or "
+                           "`cuda_graph: false`.")
+        if {"max_running_req", "max_queue_req"} <= set(cells.columns):
+            cap = SPEC_DEFAULT_MAX_RUNNING
+            capped = cells[(cells.max_running_req == cap) & (cells.concurrency > cap) & (cells.max_queue_req > 0)]
+            for cfg, g in capped.groupby("config"):
+                out.append(f"- `{cfg}` never ran more than {cap} requests at once while others queued (C = "
+                           f"{', '.join(str(c) for c in sorted(g.concurrency.unique()))}): SGLang resets "
+                           f"max-running-requests to {cap} for speculative decoding when it is unset; set "
+                           "`options.max_running_requests`.")
+        return out
 
     def world_size(self, options):
         """GPUs one SGLang server occupies: tp × pp (EP and DP attention live inside the TP group), × dp without
