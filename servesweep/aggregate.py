@@ -17,7 +17,7 @@ from servesweep.speculation import speculation_status
 # A cell is closed-loop (load "concurrency", request_rate NaN) or open-loop (load "rate", concurrency NaN); cells
 # are only ever compared with cells of the same load and level.
 CELL_KEYS = ["workload", "ctx", "load", "concurrency", "request_rate"]
-# Other processes' share of the host's CPU (bench.other_cpu_pct) above which a cell is not compared with another:
+# Other processes' share of the host's CPU (telemetry.other_cpu_pct) above which a cell is not compared with another:
 # its config was measured beside a busy neighbour, the other perhaps not.
 HOST_BUSY_PCT = stats_mod.HOST_BUSY_PCT
 HOST_BUSY = "not compared: host busy"

@@ -6,7 +6,6 @@ is not a declared Snakemake output, so a failed job never loses the cells it fin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import csv
 import json
 import math
@@ -21,36 +20,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
-import psutil
 
+from servesweep import promtext
 from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, run_correctness
 from servesweep.engines import get_engine
-from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, free_port, preflight, refuse_busy_gpus,
-                                  tail_lines, wait_until_ready)
+from servesweep.lifecycle import (ServerProcess, ServerStartError, free_port, lease_for_config, preflight,
+                                  refuse_busy_gpus, tail_lines, wait_until_ready)
 from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
                                 corpus_text, run_load)
 from servesweep.slo import SLO, slos_from_config
-from servesweep.telemetry import Telemetry, energy_per_token, load_nvml
-
-# Columns whose repeats get a 95 % interval in cells.csv (``<col>_ci95``, the half-width).
-CI_COLUMNS = (
-    "agg_output_tok_s", "per_request_tok_s", "request_s",
-    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
-    "itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_chunk_p50_s", "itl_chunk_p90_s", "itl_chunk_p99_s",
-    "e2e_p50_s", "e2e_p90_s", "e2e_p99_s",
-    "gpu_energy_j", "gpu_j_per_output_token", "output_tokens_per_gpu_j", "gpu_power_mean_w",
-    "cpu_energy_j", "cpu_j_per_output_token", "accept_length", "host_other_cpu_pct",
-    "achieved_arrival_rps", "send_lag_p99_ms",
-)
-# Summed over repeats rather than averaged.
-COUNT_COLUMNS = ("requests", "errors", "warmup_requests", "drain_requests", "output_tokens", "prompt_tokens",
-                 "unsent_at_close")
-# A cell: its prompts, and its load — closed-loop at ``concurrency`` (``request_rate`` NaN) or open-loop at
-# ``request_rate`` req/s (``concurrency`` NaN; its cap on requests in flight is ``max_concurrency``).
-CELL_KEYS = ("workload", "ctx", "load", "concurrency", "request_rate")
+from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
 
 
 def cell_id(workload: str, ctx: int, load: str, level: float) -> str:
@@ -62,11 +44,6 @@ def cell_id(workload: str, ctx: int, load: str, level: float) -> str:
 def _row_cell_id(row: dict) -> str:
     load = row.get("load", "concurrency")
     return cell_id(row["workload"], row["ctx"], load, row["concurrency" if load == "concurrency" else "request_rate"])
-
-
-def slo_names(row: dict) -> list[str]:
-    """The targets a row has goodput columns for."""
-    return [k[len("goodput_"):-len("_rps")] for k in row if k.startswith("goodput_") and k.endswith("_rps")]
 
 
 @dataclass
@@ -100,47 +77,6 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def host_gpu_count() -> int:
-    """NVIDIA GPUs NVML sees on this host (0 without a driver)."""
-    nvml, _ = load_nvml()
-    if nvml is None:
-        return 0
-    try:
-        return int(nvml.nvmlDeviceGetCount())
-    finally:
-        nvml.nvmlShutdown()
-
-
-def config_gpus(sc: ServerConfig, world_size: int) -> list[int]:
-    """GPU indices the config's server uses: its CUDA_VISIBLE_DEVICES, else the host's, else the first N."""
-    visible = sc.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if visible:
-        ids = [int(x) for x in visible.split(",") if x.strip().isdigit()]
-        return ids[:world_size] if world_size else ids
-    return list(range(world_size))
-
-
-def combine_cell(repeats: list[dict]) -> dict:
-    """One cell from its repeats: means, 95 % half-widths of the ``CI_COLUMNS``, summed counts; client-bound and
-    window-capped if any repeat was. Repeats measured beside a busy neighbour are left out while any other is left
-    (``repeats_host_busy`` counts them)."""
-    clean = [r for r in repeats if not stats_mod.host_busy(r)] or repeats
-    names = slo_names(repeats[0])
-    ci = (*CI_COLUMNS, *(c for n in names for c in (f"goodput_{n}_rps", f"slo_{n}_attainment")))
-    out = stats_mod.combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in clean], ci,
-                                    (*COUNT_COLUMNS, *(f"slo_{n}_good" for n in names)))
-    out.update(stats_mod.pooled_attainment(clean, names))
-    out["repeats_host_busy"] = sum(stats_mod.host_busy(r) for r in repeats)
-    for key in ("config", "engine", *CELL_KEYS, "max_concurrency", "requested_prompt_tokens"):
-        if key in repeats[0]:
-            out[key] = repeats[0][key]  # identical in every repeat: keys, not measurements
-    out["cell_start"], out["cell_end"] = repeats[0]["cell_start"], repeats[-1]["cell_end"]
-    out["client_bound_repeats"] = sum(bool(r.get("client_bound")) for r in repeats)
-    lags = [r["loop_lag_p99_ms"] for r in repeats if isinstance(r.get("loop_lag_p99_ms"), (int, float))]
-    out["loop_lag_p99_ms_max"] = max(lags) if lags else math.nan
-    return out
-
-
 class CellWriter:
     """Appends cells and request records to the attempt folder the moment they exist."""
 
@@ -163,7 +99,7 @@ class CellWriter:
         groups: dict[tuple, list[dict]] = {}
         for r in self.repeats:
             groups.setdefault(_row_cell_id(r), []).append(r)
-        self.cells = [combine_cell(rows) for rows in groups.values()]
+        self.cells = [stats_mod.combine_cell(rows) for rows in groups.values()]
         write_csv(self.dir / "cells.csv", self.cells)
 
 
@@ -177,16 +113,6 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
-
-
-async def _scrape(session: aiohttp.ClientSession, base: str, path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        async with session.get(base + path) as resp:
-            return await resp.text() if resp.status == 200 else None
-    except aiohttp.ClientError:
-        return None
 
 
 async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, matrix: Matrix) -> tuple[dict, dict]:
@@ -218,31 +144,6 @@ async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, mat
     return sources, described
 
 
-def cpu_snapshot(server: ServerProcess) -> tuple[float, float, float]:
-    """(host CPU seconds busy, the server's process tree's CPU seconds, this job's own CPU seconds) right now."""
-    host = psutil.cpu_times()
-    busy = sum(host) - host.idle - getattr(host, "iowait", 0.0)
-    served = 0.0
-    if server.proc is not None:
-        try:
-            root = psutil.Process(server.proc.pid)
-            for proc in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):
-                    t = proc.cpu_times()
-                    served += t.user + t.system
-        except psutil.Error:
-            pass
-    me = os.times()
-    return busy, served, me.user + me.system
-
-
-def other_cpu_pct(before: tuple[float, float, float], after: tuple[float, float, float], seconds: float) -> float:
-    """CPU used by processes other than the server and this job over a window, in % of all the host's cores: a
-    busy neighbour distorts host-bound cells, and this says when one was there."""
-    busy, served, mine = (b - a for a, b in zip(before, after))
-    return max(0.0, 100.0 * (busy - served - mine) / max(seconds * (os.cpu_count() or 1), 1e-9))
-
-
 async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session: aiohttp.ClientSession,
                        spec: LoadSpec, telemetry: Telemetry, cell_id: str,
                        slos: list[SLO] | tuple = ()) -> tuple[list[dict], dict]:
@@ -256,15 +157,15 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
         window["log_from"] = server.log_path.stat().st_size
-        window["cpu_from"] = cpu_snapshot(server)
+        window["cpu_from"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
         telemetry.cell_begin(cell_id)
-        window["metrics_before"] = await _scrape(session, base, engine.metrics_path)
+        window["metrics_before"] = await promtext.scrape(session, base, engine.metrics_path)
 
     async def closed() -> None:
         window["log_to"] = server.log_path.stat().st_size
-        window["cpu_to"] = cpu_snapshot(server)
+        window["cpu_to"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
-        window["metrics_after"] = await _scrape(session, base, engine.metrics_path)
+        window["metrics_after"] = await promtext.scrape(session, base, engine.metrics_path)
 
     records, client = await run_load(spec, opened, closed)
     t0, t1 = client["window_start"], client["window_end"]
@@ -368,25 +269,14 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     engine = get_engine(sc.engine)
     matrix = Matrix.from_config(config["matrix"], sc.workloads, sc.request_rates)
     world = engine.world_size(sc.options)
-    gpus = config_gpus(sc, world)
 
     def waiting(path: Path) -> None:
         print(f"[{cfg_name}] waiting for {path.name}: another bench job is using this host's resources", file=log,
               flush=True)
 
-    # One job at a time per GPU, and per host for CPU engines: a neighbour would be measured too. A GPU config whose
-    # GPUs are not pinned (CUDA_VISIBLE_DEVICES) gets the lowest free ones, so configs can run side by side.
-    pinned = "CUDA_VISIBLE_DEVICES" in sc.env or "CUDA_VISIBLE_DEVICES" in os.environ
-    host_gpus = host_gpu_count() if world and not pinned else 0
-    if world and host_gpus >= world:
-        lease = HostLease.allocate(paths.servers_dir, world, list(range(host_gpus)), on_wait=waiting)
-        gpus = lease.gpus
-        sc.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        sc.env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA's indices = NVML's, which the locks use
-    else:
-        lease = HostLease(paths.servers_dir, gpus, cpu_engine=not world,
-                          exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False))
-        lease.acquire(on_wait=waiting)
+    lease, gpus = lease_for_config(paths.servers_dir, sc.env, world,
+                                   exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False),
+                                   on_wait=waiting)
     try:
         return _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctness_outputs, sc, engine,
                            matrix, world, gpus, lease)

@@ -15,8 +15,10 @@ injectable (``Telemetry(..., nvml=fake)``) so the sampler and the energy arithme
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +63,31 @@ def read_rapl_uj(root: Path = RAPL_ROOT) -> tuple[int | None, int | None, str]:
         except (OSError, ValueError) as exc:
             return None, None, f"RAPL not readable: {exc}"
     return (total, wrap, "") if found else (None, None, "no RAPL power-capping zones on this host")
+
+
+def cpu_snapshot(server_pid: int | None) -> tuple[float, float, float]:
+    """(host CPU seconds busy, the server's process tree's CPU seconds, this job's own CPU seconds) right now."""
+    host = psutil.cpu_times()
+    busy = sum(host) - host.idle - getattr(host, "iowait", 0.0)
+    served = 0.0
+    if server_pid is not None:
+        try:
+            root = psutil.Process(server_pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = proc.cpu_times()
+                    served += t.user + t.system
+        except psutil.Error:
+            pass
+    me = os.times()
+    return busy, served, me.user + me.system
+
+
+def other_cpu_pct(before: tuple[float, float, float], after: tuple[float, float, float], seconds: float) -> float:
+    """CPU used by processes other than the server and this job over a window, in % of all the host's cores: a
+    busy neighbour distorts host-bound cells, and this says when one was there."""
+    busy, served, mine = (b - a for a, b in zip(before, after))
+    return max(0.0, 100.0 * (busy - served - mine) / max(seconds * (os.cpu_count() or 1), 1e-9))
 
 
 def load_nvml():
