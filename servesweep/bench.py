@@ -46,6 +46,52 @@ def _row_cell_id(row: dict) -> str:
     return cell_id(row["workload"], row["ctx"], load, row["concurrency" if load == "concurrency" else "request_rate"])
 
 
+@dataclass(frozen=True)
+class CellKey:
+    """Which repeat of which cell: its prompts (``workload``, ``ctx``) and its load — closed-loop at ``concurrency``
+    (``request_rate`` NaN) or open-loop at ``request_rate`` req/s (``concurrency`` NaN)."""
+
+    workload: str
+    ctx: int
+    load: str  # "concurrency" or "rate"
+    concurrency: float
+    request_rate: float
+    repeat: int
+
+    @property
+    def closed(self) -> bool:
+        return self.load == "concurrency"
+
+    @property
+    def level(self) -> float:
+        return self.concurrency if self.closed else self.request_rate
+
+    def as_dict(self) -> dict:
+        """The key columns, in cells.csv order."""
+        return {"workload": self.workload, "ctx": self.ctx, "load": self.load, "concurrency": self.concurrency,
+                "request_rate": self.request_rate, "repeat": self.repeat}
+
+
+@dataclass
+class CellRow:
+    """One measured repeat of one cell: its key, its measured columns (in repeats.csv order) and its requests."""
+
+    config: str
+    engine: str
+    key: CellKey
+    columns: dict
+    records: list[dict]
+
+    def as_row(self) -> dict:
+        """The repeats.csv row: config, engine, the key, then the measured columns."""
+        return {"config": self.config, "engine": self.engine, **self.key.as_dict(), **self.columns}
+
+    def request_records(self) -> list[dict]:
+        """The requests, each tagged with the config and the cell's key (NaN is null in JSON lines)."""
+        keys = {k: None if v != v else v for k, v in self.key.as_dict().items()}
+        return [{**r, "config": self.config, **keys} for r in self.records]
+
+
 @dataclass
 class JobPaths:
     cells_csv: Path
@@ -150,7 +196,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     """One repeat of one steady-state cell: the load, and telemetry, /metrics and the server log over its window;
     goodput and attainment per target in ``slos``; for an open-loop cell, how faithfully the rate was offered.
 
-    Returns (request records, the repeat's row)."""
+    Returns (request records, the repeat's measured columns)."""
     base = server.base_url
     window: dict = {}
 
@@ -175,7 +221,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     for r in records:
         r["phase"] = "warmup" if r["send"] < t0 else "measured" if r["send"] < t1 else "drain"
     measured = [r for r in records if r["phase"] == "measured"]
-    row = {"config": sc.name, "engine": sc.engine, "cell_start": client["cell_started"], "cell_end": now()}
+    row = {"cell_start": client["cell_started"], "cell_end": now()}
     row.update(stats_mod.window_stats(records, t0, t1))
     if spec.arrivals is not None:
         row.update(stats_mod.arrival_stats(records, t0, t1, spec.arrivals.rate))
@@ -188,6 +234,67 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(window["telemetry"])
     row.update(energy_per_token(row))
     return records, row
+
+
+class CellServerDied(ServerStartError):
+    """The server exited during a cell; ``row`` holds what the cell's requests saw."""
+
+    def __init__(self, row: CellRow, message: str):
+        super().__init__(message)
+        self.row = row
+
+
+async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, session: aiohttp.ClientSession,
+                   telemetry: Telemetry, source, key: CellKey, first: bool, slos: list[SLO] | tuple = ()) -> CellRow:
+    """One repeat of one cell from its prompt ``source``: the load plan (warm-up, window, arrivals), the load, its
+    measured columns. ``first``: the job's first cell, which warms an engine that skipped its own warm-up.
+
+    Raises :class:`ServerStartError` when the server died during the cell (its requests are in the error's ``row``).
+    """
+    base = server.base_url
+    closed = key.closed
+    conc = int(key.concurrency) if closed else matrix.max_concurrency
+    arrivals = None if closed else ArrivalPlan(rate=key.request_rate, arrival=matrix.arrival,
+                                               burstiness=matrix.burstiness, max_concurrency=matrix.max_concurrency,
+                                               seed=matrix.arrival_seed)
+    warm = matrix.warmup_for(conc) if closed else matrix.rate_warmup_requests()
+    if first and engine.needs_client_warmup(sc):
+        warm = max(warm, 2 * conc, 4) if closed else max(warm, 4)  # the server skipped its own warm-up
+    plan = WindowPlan(warmup_s=matrix.warmup_s, warmup_requests=warm, measure_s=matrix.measure_s,
+                      measure_requests=matrix.requests_for(conc) if closed else matrix.min_requests,
+                      max_s=matrix.max_window_s)
+    if matrix.flush_cache_between_cells:
+        await engine.flush_cache(session, base)
+    spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
+                    output_tokens=matrix.output_tokens, temperature=matrix.temperature,
+                    extra_fields=engine.request_fields(sc), request_timeout_s=sc.request_timeout_s,
+                    chunk_tokens=engine.chunk_tokens, label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
+                    window=plan, prompt_source=source, arrivals=arrivals)
+    records, columns = await measure_cell(server, engine, sc, session, spec, telemetry,
+                                          f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}", slos)
+    row = CellRow(sc.name, sc.engine, key, columns, records)
+    if not server.alive():
+        raise CellServerDied(row, f"the server exited during {key.workload} ctx={key.ctx} {_shown(key)} repeat "
+                                  f"{key.repeat} (exit code {server.proc.poll()}); last log lines:\n"
+                                  + tail_lines(server.log_path, 20))
+    columns["requested_prompt_tokens"] = key.ctx if key.workload == "synthetic" else math.nan
+    if not closed:
+        columns["max_concurrency"] = matrix.max_concurrency
+    return row
+
+
+def _shown(key: CellKey) -> str:
+    return f"C={int(key.concurrency)}" if key.closed else f"rate={key.request_rate:g}/s"
+
+
+def _cell_line(row: CellRow) -> str:
+    """The log line of one measured repeat."""
+    key, c = row.key, row.columns
+    offered = "" if key.closed else (f", {c['achieved_arrival_rps']:.2f} req/s sent of {key.request_rate:g} "
+                                     f"offered, send lag p99 {c['send_lag_p99_ms']:.1f} ms")
+    return (f"[{row.config}] {key.workload} ctx={key.ctx} {_shown(key)} rep={key.repeat}: "
+            f"{c.get('agg_output_tok_s', math.nan):.1f} tok/s over {c['window_s']:.1f} s "
+            f"({c['requests']} requests in the window{offered}), {c['errors']} errors")
 
 
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
@@ -212,49 +319,18 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 source = sources[(workload, ctx)]
                 source = replace(source, tag=tag, **({"offset": k * 101} if isinstance(source, TextPrompts) else {}))
                 closed = load == "concurrency"
-                conc = int(level) if closed else matrix.max_concurrency
-                arrivals = None if closed else ArrivalPlan(rate=level, arrival=matrix.arrival,
-                                                           burstiness=matrix.burstiness,
-                                                           max_concurrency=matrix.max_concurrency,
-                                                           seed=matrix.arrival_seed)
-                warm = matrix.warmup_for(conc) if closed else matrix.rate_warmup_requests()
-                if rep == 0 and k == 0 and engine.needs_client_warmup(sc):
-                    warm = max(warm, 2 * conc, 4) if closed else max(warm, 4)  # the server skipped its own warm-up
-                plan = WindowPlan(warmup_s=matrix.warmup_s, warmup_requests=warm, measure_s=matrix.measure_s,
-                                  measure_requests=matrix.requests_for(conc) if closed else matrix.min_requests,
-                                  max_s=matrix.max_window_s)
-                if matrix.flush_cache_between_cells:
-                    await engine.flush_cache(session, base)
-                shown = f"C={conc}" if closed else f"rate={level:g}/s"
-                spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
-                                output_tokens=matrix.output_tokens, temperature=matrix.temperature,
-                                extra_fields=engine.request_fields(sc), request_timeout_s=sc.request_timeout_s,
-                                chunk_tokens=engine.chunk_tokens, label=f"{sc.name} {workload} ctx={ctx} {shown}",
-                                window=plan, prompt_source=source, arrivals=arrivals)
-                records, row = await measure_cell(server, engine, sc, session, spec, telemetry,
-                                                  f"{cell_id(workload, ctx, load, level)}_r{rep}", slos)
-                keys = {"workload": workload, "ctx": ctx, "load": load, "concurrency": conc if closed else math.nan,
-                        "request_rate": math.nan if closed else level, "repeat": rep}
-                request_keys = {k: None if v != v else v for k, v in keys.items()}  # NaN is null in JSON lines
-                if not server.alive():
+                key = CellKey(workload, ctx, load, int(level) if closed else math.nan,
+                              math.nan if closed else level, rep)
+                try:
+                    row = await run_cell(server, engine, sc, matrix, session, telemetry, source, key,
+                                         first=rep == 0 and k == 0, slos=slos)
+                except CellServerDied as died:
                     # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
-                    writer.add_requests([{**r, "config": sc.name, **request_keys} for r in records])
-                    raise ServerStartError(f"the server exited during {workload} ctx={ctx} {shown} repeat {rep} "
-                                           f"(exit code {server.proc.poll()}); last log lines:\n"
-                                           + tail_lines(server.log_path, 20))
-                row["requested_prompt_tokens"] = ctx if workload == "synthetic" else math.nan
-                if not closed:
-                    row["max_concurrency"] = matrix.max_concurrency
-                for r in records:
-                    r.update(config=sc.name, **request_keys)
-                writer.add_requests(records)
-                writer.add_repeat({**{k: row.pop(k) for k in ("config", "engine")}, **keys, **row})
-                offered = "" if closed else (f", {row['achieved_arrival_rps']:.2f} req/s sent of {level:g} offered, "
-                                             f"send lag p99 {row['send_lag_p99_ms']:.1f} ms")
-                print(f"[{sc.name}] {workload} ctx={ctx} {shown} rep={rep}: "
-                      f"{row.get('agg_output_tok_s', math.nan):.1f} tok/s over {row['window_s']:.1f} s "
-                      f"({row['requests']} requests in the window{offered}), {row['errors']} errors", file=log,
-                      flush=True)
+                    writer.add_requests(died.row.request_records())
+                    raise
+                writer.add_requests(row.request_records())
+                writer.add_repeat(row.as_row())
+                print(_cell_line(row), file=log, flush=True)
     return described
 
 
@@ -317,18 +393,19 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
     telemetry.start()
     meta["telemetry_host"] = telemetry.host_facts()
     try:
-        server.start()
-        meta["start_time"] = server.started_at
-        ready = asyncio.run(wait_until_ready(server, engine, sc, sc.ready_timeout_s))
-        meta.update(ready)
-        meta["ready_s"] = ready["ready_at"] - server.started_at
-        meta["startup_phases"] = engine.startup_phases(engine.parse_log(server.log_path.read_text(errors="replace")))
-        meta["first_cell_at"] = now()
-        meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer, log,
-                                                   slos_from_config(config)))
-        if correctness_outputs is not None:
-            meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"), correctness_outputs,
-                                                  log)
+        with server:  # stopped, its whole process group, on every way out
+            meta["start_time"] = server.started_at
+            ready = asyncio.run(wait_until_ready(server, engine, sc, sc.ready_timeout_s))
+            meta.update(ready)
+            meta["ready_s"] = ready["ready_at"] - server.started_at
+            meta["startup_phases"] = engine.startup_phases(
+                engine.parse_log(server.log_path.read_text(errors="replace")))
+            meta["first_cell_at"] = now()
+            meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer, log,
+                                                       slos_from_config(config)))
+            if correctness_outputs is not None:
+                meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"),
+                                                      correctness_outputs, log)
         meta["status"] = "ok"
     except BaseException as exc:  # also KeyboardInterrupt from SIGTERM: record, tear down, re-raise
         error = exc
@@ -336,7 +413,6 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
         meta["error"] = f"{type(exc).__name__}: {exc}"
         traceback.print_exc(file=log)
     finally:
-        server.stop()
         meta["gpu_memory_after_stop"] = telemetry.wait_memory_released(memory_baseline)
         if meta["gpu_memory_after_stop"]["released"] is False:
             meta["warnings"].append(f"GPU memory not back to its pre-launch level after the server stopped: "

@@ -589,7 +589,11 @@ class ServerProcess:
         self._restore_signal_handlers()
 
     def __enter__(self) -> "ServerProcess":
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # started part-way (the server, not its watchdog or record): stop what did start
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()
