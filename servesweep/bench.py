@@ -231,7 +231,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(client)
     row["host_other_cpu_pct"] = other_cpu_pct(window["cpu_from"], window["cpu_to"], t1 - t0)
     row.update(engine.cell_metrics(events, window["metrics_before"], window["metrics_after"], measured))
-    row.update(window["telemetry"])
+    row.update(window["telemetry"].columns())
     row.update(energy_per_token(row))
     return records, row
 
