@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import logging
 import math
 import os
 import platform
@@ -15,7 +16,6 @@ import shutil
 import socket
 import statistics
 import time
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,6 +33,8 @@ from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts,
                                 corpus_text, run_load)
 from servesweep.slo import SLO, slos_from_config
 from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
+
+log = logging.getLogger(__name__)
 
 
 def cell_id(workload: str, ctx: int, load: str, level: float) -> str:
@@ -298,7 +300,7 @@ def _cell_line(row: CellRow) -> str:
 
 
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
-                     writer: CellWriter, log, slos: list[SLO] | tuple = ()) -> dict:
+                     writer: CellWriter, slos: list[SLO] | tuple = ()) -> dict:
     """Run every cell of the matrix ``matrix.repeats`` times against a ready server; returns the workloads' facts.
 
     Closed-loop cells (one per concurrency) come first, then open-loop cells (one per request rate). Repeats run in
@@ -330,11 +332,11 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                     raise
                 writer.add_requests(row.request_records())
                 writer.add_repeat(row.as_row())
-                print(_cell_line(row), file=log, flush=True)
+                log.info(_cell_line(row))
     return described
 
 
-def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths, log,
+def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths,
                correctness_outputs: CorrectnessOutputs | None = None) -> dict:
     """The whole job for one server config. Returns meta; raises after writing what was measured on failure.
 
@@ -347,20 +349,19 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     world = engine.world_size(sc.options)
 
     def waiting(path: Path) -> None:
-        print(f"[{cfg_name}] waiting for {path.name}: another bench job is using this host's resources", file=log,
-              flush=True)
+        log.info("[%s] waiting for %s: another bench job is using this host's resources", cfg_name, path.name)
 
     lease, gpus = lease_for_config(paths.servers_dir, sc.env, world,
                                    exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False),
                                    on_wait=waiting)
     try:
-        return _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctness_outputs, sc, engine,
+        return _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine,
                            matrix, world, gpus, lease)
     finally:
         lease.release()
 
 
-def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctness_outputs, sc, engine, matrix,
+def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine, matrix,
                 world, gpus, lease) -> dict:
     """``run_config`` once the host's resources for this config are held."""
     port = free_port()
@@ -401,17 +402,17 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
             meta["startup_phases"] = engine.startup_phases(
                 engine.parse_log(server.log_path.read_text(errors="replace")))
             meta["first_cell_at"] = now()
-            meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer, log,
+            meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer,
                                                        slos_from_config(config)))
             if correctness_outputs is not None:
                 meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"),
-                                                      correctness_outputs, log)
+                                                      correctness_outputs)
         meta["status"] = "ok"
     except BaseException as exc:  # also KeyboardInterrupt from SIGTERM: record, tear down, re-raise
         error = exc
         meta["status"] = "failed"
         meta["error"] = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc(file=log)
+        log.exception("[%s] the bench job failed", cfg_name)
     finally:
         meta["gpu_memory_after_stop"] = telemetry.wait_memory_released(memory_baseline)
         if meta["gpu_memory_after_stop"]["released"] is False:
