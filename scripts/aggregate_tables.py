@@ -1,11 +1,12 @@
-import sys
+from servesweep.logs import configure
 
-sys.stderr = open(snakemake.log[0], "w")
+configure(snakemake.log[0])
 
 from pathlib import Path
 
 from servesweep.aggregate import TablePaths, build_tables
 
-build_tables([Path(p) for p in snakemake.input.cells], [Path(p) for p in snakemake.input.repeats],
-             [Path(p) for p in snakemake.input.meta], snakemake.params.baseline,
-             TablePaths(**{k: Path(v) for k, v in snakemake.output.items()}), snakemake.params.cost)
+inputs, out, params = snakemake.input, snakemake.output, snakemake.params
+build_tables([Path(p) for p in inputs.cells], [Path(p) for p in inputs.repeats], [Path(p) for p in inputs.meta],
+             str(params.baseline), TablePaths(**{name: Path(out[name]) for name in TablePaths.__dataclass_fields__}),
+             dict(params.cost) if params.cost is not None else None)

@@ -1,7 +1,8 @@
 import json
-import sys
 
-sys.stderr = open(snakemake.log[0], "w")
+from servesweep.logs import configure
+
+configure(snakemake.log[0])
 
 from pathlib import Path
 
@@ -23,4 +24,4 @@ out = snakemake.output
 paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
                  Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg).attempt_dir)
 run_config(cfg, config, json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)), paths,
-           log=sys.stderr, correctness_outputs=CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)))
+           correctness_outputs=CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)))

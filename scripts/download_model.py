@@ -1,6 +1,6 @@
-import sys
+from servesweep.logs import configure
 
-sys.stderr = open(snakemake.log[0], "w")
+configure(snakemake.log[0])
 
 from servesweep.models import materialise, read_manifests, write_manifest
 
@@ -8,7 +8,6 @@ manifest = materialise(
     snakemake.wildcards.model,
     snakemake.params.model,
     snakemake.params.dest,
-    log=sys.stderr,
     source_manifests=read_manifests(snakemake.input.sources),
 )
 write_manifest(manifest, snakemake.output.manifest)

@@ -1,10 +1,12 @@
 import json
-import sys
 
-sys.stderr = open(snakemake.log[0], "w")
+from servesweep.logs import configure
+
+# Engine.prepare still takes the stream its build steps write to (a compiler's output is not log records).
+stream = configure(snakemake.log[0])
 
 from servesweep.engines import get_engine
 
-facts = get_engine(snakemake.wildcards.engine).prepare(dict(snakemake.params.settings), log=sys.stderr)
+facts = get_engine(snakemake.wildcards.engine).prepare(dict(snakemake.params.settings), log=stream)
 with open(snakemake.output.facts, "w") as fh:
     json.dump(facts, fh, indent=2)

@@ -17,7 +17,7 @@ from servesweep.speculation import speculation_status
 # A cell is closed-loop (load "concurrency", request_rate NaN) or open-loop (load "rate", concurrency NaN); cells
 # are only ever compared with cells of the same load and level.
 CELL_KEYS = ["workload", "ctx", "load", "concurrency", "request_rate"]
-# Other processes' share of the host's CPU (bench.other_cpu_pct) above which a cell is not compared with another:
+# Other processes' share of the host's CPU (telemetry.other_cpu_pct) above which a cell is not compared with another:
 # its config was measured beside a busy neighbour, the other perhaps not.
 HOST_BUSY_PCT = stats_mod.HOST_BUSY_PCT
 HOST_BUSY = "not compared: host busy"
@@ -91,6 +91,17 @@ class TablePaths:
     speedup_md: Path
     energy: Path
     energy_md: Path
+
+    @classmethod
+    def in_dir(cls, out_dir: Path) -> "TablePaths":
+        """The pipeline's table file names under ``out_dir``."""
+        return cls(**{name: Path(out_dir) / file for name, file in TABLE_FILES.items()})
+
+
+# The file each table is written to under results/tables/ (rules/aggregate.smk declares the same names).
+TABLE_FILES = {"cells": "cells.csv", "repeats": "repeats.csv", "noise": "noise.json", "throughput": "throughput.csv",
+               "throughput_md": "throughput.md", "speedup": "speedup.csv", "speedup_md": "speedup.md",
+               "energy": "energy.csv", "energy_md": "energy.md"}
 
 
 def _with_keys(df: pd.DataFrame) -> pd.DataFrame:
@@ -541,7 +552,8 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
 def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: list[Path], baseline: str,
                  out: TablePaths, cost: dict | None = None) -> None:
     """Write the sweep's tables: cells, repeats, noise band, throughput, speedup and energy (CSV and markdown);
-    ``cost`` is the config's ``cost:`` section (prices for cost per million output tokens)."""
+    ``cost`` is the config's ``cost:`` section (prices for cost per million output tokens). Plain lists of paths,
+    a string and a dict: the Snakemake adapter (scripts/aggregate_tables.py) translates its objects."""
     metas = [json.loads(Path(p).read_text()) for p in meta_paths]
     cells = load_cells(cell_paths, metas)
     repeats = load_repeats(repeat_paths, cells)
@@ -565,10 +577,7 @@ def build_tables_in(run_dirs: list[Path], baseline: str, out_dir: Path, cost: di
     """``build_tables`` over run folders (``cells.csv``, ``repeats.csv`` if recorded, ``meta.json`` each), writing
     the tables under ``out_dir`` with the pipeline's file names: how recorded examples are regenerated."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = {"cells": "cells.csv", "repeats": "repeats.csv", "noise": "noise.json", "throughput": "throughput.csv",
-             "throughput_md": "throughput.md", "speedup": "speedup.csv", "speedup_md": "speedup.md",
-             "energy": "energy.csv", "energy_md": "energy.md"}
-    paths = TablePaths(**{k: out_dir / v for k, v in names.items()})
+    paths = TablePaths.in_dir(out_dir)
     build_tables([d / "cells.csv" for d in run_dirs], [d / "repeats.csv" for d in run_dirs],
                  [d / "meta.json" for d in run_dirs], baseline, paths, cost)
     return paths

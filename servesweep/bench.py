@@ -6,9 +6,9 @@ is not a declared Snakemake output, so a failed job never loses the cells it fin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import csv
 import json
+import logging
 import math
 import os
 import platform
@@ -16,41 +16,25 @@ import shutil
 import socket
 import statistics
 import time
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
-import psutil
 
+from servesweep import promtext
 from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, run_correctness
 from servesweep.engines import get_engine
-from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, free_port, preflight, refuse_busy_gpus,
-                                  tail_lines, wait_until_ready)
+from servesweep.lifecycle import (ServerProcess, ServerStartError, free_port, lease_for_config, preflight,
+                                  refuse_busy_gpus, tail_lines, wait_until_ready)
 from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
                                 corpus_text, run_load)
 from servesweep.slo import SLO, slos_from_config
-from servesweep.telemetry import Telemetry, energy_per_token, load_nvml
+from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
 
-# Columns whose repeats get a 95 % interval in cells.csv (``<col>_ci95``, the half-width).
-CI_COLUMNS = (
-    "agg_output_tok_s", "per_request_tok_s", "request_s",
-    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
-    "itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_chunk_p50_s", "itl_chunk_p90_s", "itl_chunk_p99_s",
-    "e2e_p50_s", "e2e_p90_s", "e2e_p99_s",
-    "gpu_energy_j", "gpu_j_per_output_token", "output_tokens_per_gpu_j", "gpu_power_mean_w",
-    "cpu_energy_j", "cpu_j_per_output_token", "accept_length", "host_other_cpu_pct",
-    "achieved_arrival_rps", "send_lag_p99_ms",
-)
-# Summed over repeats rather than averaged.
-COUNT_COLUMNS = ("requests", "errors", "warmup_requests", "drain_requests", "output_tokens", "prompt_tokens",
-                 "unsent_at_close")
-# A cell: its prompts, and its load — closed-loop at ``concurrency`` (``request_rate`` NaN) or open-loop at
-# ``request_rate`` req/s (``concurrency`` NaN; its cap on requests in flight is ``max_concurrency``).
-CELL_KEYS = ("workload", "ctx", "load", "concurrency", "request_rate")
+log = logging.getLogger(__name__)
 
 
 def cell_id(workload: str, ctx: int, load: str, level: float) -> str:
@@ -64,9 +48,50 @@ def _row_cell_id(row: dict) -> str:
     return cell_id(row["workload"], row["ctx"], load, row["concurrency" if load == "concurrency" else "request_rate"])
 
 
-def slo_names(row: dict) -> list[str]:
-    """The targets a row has goodput columns for."""
-    return [k[len("goodput_"):-len("_rps")] for k in row if k.startswith("goodput_") and k.endswith("_rps")]
+@dataclass(frozen=True)
+class CellKey:
+    """Which repeat of which cell: its prompts (``workload``, ``ctx``) and its load — closed-loop at ``concurrency``
+    (``request_rate`` NaN) or open-loop at ``request_rate`` req/s (``concurrency`` NaN)."""
+
+    workload: str
+    ctx: int
+    load: str  # "concurrency" or "rate"
+    concurrency: float
+    request_rate: float
+    repeat: int
+
+    @property
+    def closed(self) -> bool:
+        return self.load == "concurrency"
+
+    @property
+    def level(self) -> float:
+        return self.concurrency if self.closed else self.request_rate
+
+    def as_dict(self) -> dict:
+        """The key columns, in cells.csv order."""
+        return {"workload": self.workload, "ctx": self.ctx, "load": self.load, "concurrency": self.concurrency,
+                "request_rate": self.request_rate, "repeat": self.repeat}
+
+
+@dataclass
+class CellRow:
+    """One measured repeat of one cell: its key, its measured columns (in repeats.csv order) and its requests."""
+
+    config: str
+    engine: str
+    key: CellKey
+    columns: dict
+    records: list[dict]
+
+    def as_row(self) -> dict:
+        """The repeats.csv row: config, engine, the key, then the measured columns."""
+        return {"config": self.config, "engine": self.engine, **self.key.as_dict(), **self.columns}
+
+    def request_records(self) -> list[dict]:
+        """The requests, each tagged with the config and the cell's key (NaN is null in JSON lines)."""
+        keys = {k: None if v != v else v for k, v in self.key.as_dict().items()}
+        return [{**r, "config": self.config, **keys} for r in self.records]
 
 
 @dataclass
@@ -100,47 +125,6 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def host_gpu_count() -> int:
-    """NVIDIA GPUs NVML sees on this host (0 without a driver)."""
-    nvml, _ = load_nvml()
-    if nvml is None:
-        return 0
-    try:
-        return int(nvml.nvmlDeviceGetCount())
-    finally:
-        nvml.nvmlShutdown()
-
-
-def config_gpus(sc: ServerConfig, world_size: int) -> list[int]:
-    """GPU indices the config's server uses: its CUDA_VISIBLE_DEVICES, else the host's, else the first N."""
-    visible = sc.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if visible:
-        ids = [int(x) for x in visible.split(",") if x.strip().isdigit()]
-        return ids[:world_size] if world_size else ids
-    return list(range(world_size))
-
-
-def combine_cell(repeats: list[dict]) -> dict:
-    """One cell from its repeats: means, 95 % half-widths of the ``CI_COLUMNS``, summed counts; client-bound and
-    window-capped if any repeat was. Repeats measured beside a busy neighbour are left out while any other is left
-    (``repeats_host_busy`` counts them)."""
-    clean = [r for r in repeats if not stats_mod.host_busy(r)] or repeats
-    names = slo_names(repeats[0])
-    ci = (*CI_COLUMNS, *(c for n in names for c in (f"goodput_{n}_rps", f"slo_{n}_attainment")))
-    out = stats_mod.combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in clean], ci,
-                                    (*COUNT_COLUMNS, *(f"slo_{n}_good" for n in names)))
-    out.update(stats_mod.pooled_attainment(clean, names))
-    out["repeats_host_busy"] = sum(stats_mod.host_busy(r) for r in repeats)
-    for key in ("config", "engine", *CELL_KEYS, "max_concurrency", "requested_prompt_tokens"):
-        if key in repeats[0]:
-            out[key] = repeats[0][key]  # identical in every repeat: keys, not measurements
-    out["cell_start"], out["cell_end"] = repeats[0]["cell_start"], repeats[-1]["cell_end"]
-    out["client_bound_repeats"] = sum(bool(r.get("client_bound")) for r in repeats)
-    lags = [r["loop_lag_p99_ms"] for r in repeats if isinstance(r.get("loop_lag_p99_ms"), (int, float))]
-    out["loop_lag_p99_ms_max"] = max(lags) if lags else math.nan
-    return out
-
-
 class CellWriter:
     """Appends cells and request records to the attempt folder the moment they exist."""
 
@@ -163,7 +147,7 @@ class CellWriter:
         groups: dict[tuple, list[dict]] = {}
         for r in self.repeats:
             groups.setdefault(_row_cell_id(r), []).append(r)
-        self.cells = [combine_cell(rows) for rows in groups.values()]
+        self.cells = [stats_mod.combine_cell(rows) for rows in groups.values()]
         write_csv(self.dir / "cells.csv", self.cells)
 
 
@@ -177,16 +161,6 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
-
-
-async def _scrape(session: aiohttp.ClientSession, base: str, path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        async with session.get(base + path) as resp:
-            return await resp.text() if resp.status == 200 else None
-    except aiohttp.ClientError:
-        return None
 
 
 async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, matrix: Matrix) -> tuple[dict, dict]:
@@ -218,53 +192,28 @@ async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, mat
     return sources, described
 
 
-def cpu_snapshot(server: ServerProcess) -> tuple[float, float, float]:
-    """(host CPU seconds busy, the server's process tree's CPU seconds, this job's own CPU seconds) right now."""
-    host = psutil.cpu_times()
-    busy = sum(host) - host.idle - getattr(host, "iowait", 0.0)
-    served = 0.0
-    if server.proc is not None:
-        try:
-            root = psutil.Process(server.proc.pid)
-            for proc in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):
-                    t = proc.cpu_times()
-                    served += t.user + t.system
-        except psutil.Error:
-            pass
-    me = os.times()
-    return busy, served, me.user + me.system
-
-
-def other_cpu_pct(before: tuple[float, float, float], after: tuple[float, float, float], seconds: float) -> float:
-    """CPU used by processes other than the server and this job over a window, in % of all the host's cores: a
-    busy neighbour distorts host-bound cells, and this says when one was there."""
-    busy, served, mine = (b - a for a, b in zip(before, after))
-    return max(0.0, 100.0 * (busy - served - mine) / max(seconds * (os.cpu_count() or 1), 1e-9))
-
-
 async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session: aiohttp.ClientSession,
                        spec: LoadSpec, telemetry: Telemetry, cell_id: str,
                        slos: list[SLO] | tuple = ()) -> tuple[list[dict], dict]:
     """One repeat of one steady-state cell: the load, and telemetry, /metrics and the server log over its window;
     goodput and attainment per target in ``slos``; for an open-loop cell, how faithfully the rate was offered.
 
-    Returns (request records, the repeat's row)."""
+    Returns (request records, the repeat's measured columns)."""
     base = server.base_url
     window: dict = {}
 
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
         window["log_from"] = server.log_path.stat().st_size
-        window["cpu_from"] = cpu_snapshot(server)
+        window["cpu_from"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
         telemetry.cell_begin(cell_id)
-        window["metrics_before"] = await _scrape(session, base, engine.metrics_path)
+        window["metrics_before"] = await promtext.scrape(session, base, engine.metrics_path)
 
     async def closed() -> None:
         window["log_to"] = server.log_path.stat().st_size
-        window["cpu_to"] = cpu_snapshot(server)
+        window["cpu_to"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
-        window["metrics_after"] = await _scrape(session, base, engine.metrics_path)
+        window["metrics_after"] = await promtext.scrape(session, base, engine.metrics_path)
 
     records, client = await run_load(spec, opened, closed)
     t0, t1 = client["window_start"], client["window_end"]
@@ -274,7 +223,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     for r in records:
         r["phase"] = "warmup" if r["send"] < t0 else "measured" if r["send"] < t1 else "drain"
     measured = [r for r in records if r["phase"] == "measured"]
-    row = {"config": sc.name, "engine": sc.engine, "cell_start": client["cell_started"], "cell_end": now()}
+    row = {"cell_start": client["cell_started"], "cell_end": now()}
     row.update(stats_mod.window_stats(records, t0, t1))
     if spec.arrivals is not None:
         row.update(stats_mod.arrival_stats(records, t0, t1, spec.arrivals.rate))
@@ -284,13 +233,74 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(client)
     row["host_other_cpu_pct"] = other_cpu_pct(window["cpu_from"], window["cpu_to"], t1 - t0)
     row.update(engine.cell_metrics(events, window["metrics_before"], window["metrics_after"], measured))
-    row.update(window["telemetry"])
+    row.update(window["telemetry"].columns())
     row.update(energy_per_token(row))
     return records, row
 
 
+class CellServerDied(ServerStartError):
+    """The server exited during a cell; ``row`` holds what the cell's requests saw."""
+
+    def __init__(self, row: CellRow, message: str):
+        super().__init__(message)
+        self.row = row
+
+
+async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, session: aiohttp.ClientSession,
+                   telemetry: Telemetry, source, key: CellKey, first: bool, slos: list[SLO] | tuple = ()) -> CellRow:
+    """One repeat of one cell from its prompt ``source``: the load plan (warm-up, window, arrivals), the load, its
+    measured columns. ``first``: the job's first cell, which warms an engine that skipped its own warm-up.
+
+    Raises :class:`ServerStartError` when the server died during the cell (its requests are in the error's ``row``).
+    """
+    base = server.base_url
+    closed = key.closed
+    conc = int(key.concurrency) if closed else matrix.max_concurrency
+    arrivals = None if closed else ArrivalPlan(rate=key.request_rate, arrival=matrix.arrival,
+                                               burstiness=matrix.burstiness, max_concurrency=matrix.max_concurrency,
+                                               seed=matrix.arrival_seed)
+    warm = matrix.warmup_for(conc) if closed else matrix.rate_warmup_requests()
+    if first and engine.needs_client_warmup(sc):
+        warm = max(warm, 2 * conc, 4) if closed else max(warm, 4)  # the server skipped its own warm-up
+    plan = WindowPlan(warmup_s=matrix.warmup_s, warmup_requests=warm, measure_s=matrix.measure_s,
+                      measure_requests=matrix.requests_for(conc) if closed else matrix.min_requests,
+                      max_s=matrix.max_window_s)
+    if matrix.flush_cache_between_cells:
+        await engine.flush_cache(session, base)
+    spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
+                    output_tokens=matrix.output_tokens, temperature=matrix.temperature,
+                    extra_fields=engine.request_fields(sc), request_timeout_s=sc.request_timeout_s,
+                    chunk_tokens=engine.chunk_tokens, label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
+                    window=plan, prompt_source=source, arrivals=arrivals)
+    records, columns = await measure_cell(server, engine, sc, session, spec, telemetry,
+                                          f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}", slos)
+    row = CellRow(sc.name, sc.engine, key, columns, records)
+    if not server.alive():
+        raise CellServerDied(row, f"the server exited during {key.workload} ctx={key.ctx} {_shown(key)} repeat "
+                                  f"{key.repeat} (exit code {server.proc.poll()}); last log lines:\n"
+                                  + tail_lines(server.log_path, 20))
+    columns["requested_prompt_tokens"] = key.ctx if key.workload == "synthetic" else math.nan
+    if not closed:
+        columns["max_concurrency"] = matrix.max_concurrency
+    return row
+
+
+def _shown(key: CellKey) -> str:
+    return f"C={int(key.concurrency)}" if key.closed else f"rate={key.request_rate:g}/s"
+
+
+def _cell_line(row: CellRow) -> str:
+    """The log line of one measured repeat."""
+    key, c = row.key, row.columns
+    offered = "" if key.closed else (f", {c['achieved_arrival_rps']:.2f} req/s sent of {key.request_rate:g} "
+                                     f"offered, send lag p99 {c['send_lag_p99_ms']:.1f} ms")
+    return (f"[{row.config}] {key.workload} ctx={key.ctx} {_shown(key)} rep={key.repeat}: "
+            f"{c.get('agg_output_tok_s', math.nan):.1f} tok/s over {c['window_s']:.1f} s "
+            f"({c['requests']} requests in the window{offered}), {c['errors']} errors")
+
+
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
-                     writer: CellWriter, log, slos: list[SLO] | tuple = ()) -> dict:
+                     writer: CellWriter, slos: list[SLO] | tuple = ()) -> dict:
     """Run every cell of the matrix ``matrix.repeats`` times against a ready server; returns the workloads' facts.
 
     Closed-loop cells (one per concurrency) come first, then open-loop cells (one per request rate). Repeats run in
@@ -311,53 +321,22 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 source = sources[(workload, ctx)]
                 source = replace(source, tag=tag, **({"offset": k * 101} if isinstance(source, TextPrompts) else {}))
                 closed = load == "concurrency"
-                conc = int(level) if closed else matrix.max_concurrency
-                arrivals = None if closed else ArrivalPlan(rate=level, arrival=matrix.arrival,
-                                                           burstiness=matrix.burstiness,
-                                                           max_concurrency=matrix.max_concurrency,
-                                                           seed=matrix.arrival_seed)
-                warm = matrix.warmup_for(conc) if closed else matrix.rate_warmup_requests()
-                if rep == 0 and k == 0 and engine.needs_client_warmup(sc):
-                    warm = max(warm, 2 * conc, 4) if closed else max(warm, 4)  # the server skipped its own warm-up
-                plan = WindowPlan(warmup_s=matrix.warmup_s, warmup_requests=warm, measure_s=matrix.measure_s,
-                                  measure_requests=matrix.requests_for(conc) if closed else matrix.min_requests,
-                                  max_s=matrix.max_window_s)
-                if matrix.flush_cache_between_cells:
-                    await engine.flush_cache(session, base)
-                shown = f"C={conc}" if closed else f"rate={level:g}/s"
-                spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
-                                output_tokens=matrix.output_tokens, temperature=matrix.temperature,
-                                extra_fields=engine.request_fields(sc), request_timeout_s=sc.request_timeout_s,
-                                chunk_tokens=engine.chunk_tokens, label=f"{sc.name} {workload} ctx={ctx} {shown}",
-                                window=plan, prompt_source=source, arrivals=arrivals)
-                records, row = await measure_cell(server, engine, sc, session, spec, telemetry,
-                                                  f"{cell_id(workload, ctx, load, level)}_r{rep}", slos)
-                keys = {"workload": workload, "ctx": ctx, "load": load, "concurrency": conc if closed else math.nan,
-                        "request_rate": math.nan if closed else level, "repeat": rep}
-                request_keys = {k: None if v != v else v for k, v in keys.items()}  # NaN is null in JSON lines
-                if not server.alive():
+                key = CellKey(workload, ctx, load, int(level) if closed else math.nan,
+                              math.nan if closed else level, rep)
+                try:
+                    row = await run_cell(server, engine, sc, matrix, session, telemetry, source, key,
+                                         first=rep == 0 and k == 0, slos=slos)
+                except CellServerDied as died:
                     # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
-                    writer.add_requests([{**r, "config": sc.name, **request_keys} for r in records])
-                    raise ServerStartError(f"the server exited during {workload} ctx={ctx} {shown} repeat {rep} "
-                                           f"(exit code {server.proc.poll()}); last log lines:\n"
-                                           + tail_lines(server.log_path, 20))
-                row["requested_prompt_tokens"] = ctx if workload == "synthetic" else math.nan
-                if not closed:
-                    row["max_concurrency"] = matrix.max_concurrency
-                for r in records:
-                    r.update(config=sc.name, **request_keys)
-                writer.add_requests(records)
-                writer.add_repeat({**{k: row.pop(k) for k in ("config", "engine")}, **keys, **row})
-                offered = "" if closed else (f", {row['achieved_arrival_rps']:.2f} req/s sent of {level:g} offered, "
-                                             f"send lag p99 {row['send_lag_p99_ms']:.1f} ms")
-                print(f"[{sc.name}] {workload} ctx={ctx} {shown} rep={rep}: "
-                      f"{row.get('agg_output_tok_s', math.nan):.1f} tok/s over {row['window_s']:.1f} s "
-                      f"({row['requests']} requests in the window{offered}), {row['errors']} errors", file=log,
-                      flush=True)
+                    writer.add_requests(died.row.request_records())
+                    raise
+                writer.add_requests(row.request_records())
+                writer.add_repeat(row.as_row())
+                log.info(_cell_line(row))
     return described
 
 
-def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths, log,
+def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths,
                correctness_outputs: CorrectnessOutputs | None = None) -> dict:
     """The whole job for one server config. Returns meta; raises after writing what was measured on failure.
 
@@ -368,33 +347,21 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     engine = get_engine(sc.engine)
     matrix = Matrix.from_config(config["matrix"], sc.workloads, sc.request_rates)
     world = engine.world_size(sc.options)
-    gpus = config_gpus(sc, world)
 
     def waiting(path: Path) -> None:
-        print(f"[{cfg_name}] waiting for {path.name}: another bench job is using this host's resources", file=log,
-              flush=True)
+        log.info("[%s] waiting for %s: another bench job is using this host's resources", cfg_name, path.name)
 
-    # One job at a time per GPU, and per host for CPU engines: a neighbour would be measured too. A GPU config whose
-    # GPUs are not pinned (CUDA_VISIBLE_DEVICES) gets the lowest free ones, so configs can run side by side.
-    pinned = "CUDA_VISIBLE_DEVICES" in sc.env or "CUDA_VISIBLE_DEVICES" in os.environ
-    host_gpus = host_gpu_count() if world and not pinned else 0
-    if world and host_gpus >= world:
-        lease = HostLease.allocate(paths.servers_dir, world, list(range(host_gpus)), on_wait=waiting)
-        gpus = lease.gpus
-        sc.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        sc.env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA's indices = NVML's, which the locks use
-    else:
-        lease = HostLease(paths.servers_dir, gpus, cpu_engine=not world,
-                          exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False))
-        lease.acquire(on_wait=waiting)
+    lease, gpus = lease_for_config(paths.servers_dir, sc.env, world,
+                                   exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False),
+                                   on_wait=waiting)
     try:
-        return _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctness_outputs, sc, engine,
+        return _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine,
                            matrix, world, gpus, lease)
     finally:
         lease.release()
 
 
-def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctness_outputs, sc, engine, matrix,
+def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine, matrix,
                 world, gpus, lease) -> dict:
     """``run_config`` once the host's resources for this config are held."""
     port = free_port()
@@ -427,26 +394,26 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, log, correctnes
     telemetry.start()
     meta["telemetry_host"] = telemetry.host_facts()
     try:
-        server.start()
-        meta["start_time"] = server.started_at
-        ready = asyncio.run(wait_until_ready(server, engine, sc, sc.ready_timeout_s))
-        meta.update(ready)
-        meta["ready_s"] = ready["ready_at"] - server.started_at
-        meta["startup_phases"] = engine.startup_phases(engine.parse_log(server.log_path.read_text(errors="replace")))
-        meta["first_cell_at"] = now()
-        meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer, log,
-                                                   slos_from_config(config)))
-        if correctness_outputs is not None:
-            meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"), correctness_outputs,
-                                                  log)
+        with server:  # stopped, its whole process group, on every way out
+            meta["start_time"] = server.started_at
+            ready = asyncio.run(wait_until_ready(server, engine, sc, sc.ready_timeout_s))
+            meta.update(ready)
+            meta["ready_s"] = ready["ready_at"] - server.started_at
+            meta["startup_phases"] = engine.startup_phases(
+                engine.parse_log(server.log_path.read_text(errors="replace")))
+            meta["first_cell_at"] = now()
+            meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer,
+                                                       slos_from_config(config)))
+            if correctness_outputs is not None:
+                meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"),
+                                                      correctness_outputs)
         meta["status"] = "ok"
     except BaseException as exc:  # also KeyboardInterrupt from SIGTERM: record, tear down, re-raise
         error = exc
         meta["status"] = "failed"
         meta["error"] = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc(file=log)
+        log.exception("[%s] the bench job failed", cfg_name)
     finally:
-        server.stop()
         meta["gpu_memory_after_stop"] = telemetry.wait_memory_released(memory_baseline)
         if meta["gpu_memory_after_stop"]["released"] is False:
             meta["warnings"].append(f"GPU memory not back to its pre-launch level after the server stopped: "

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from servesweep.lifecycle import free_port
+
+log = logging.getLogger(__name__)
 
 TOKEN_ENV = "HF_TOKEN"
 MAX_CONNECTIONS_PER_SERVER = 16  # aria2's hard cap (OptionHandlerFactory.cc)
@@ -56,7 +60,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def fetch(name: str, model: dict, dest_dir, log=None, scratch_dir=None, max_attempts: int = 5,
+def fetch(name: str, model: dict, dest_dir, scratch_dir=None, max_attempts: int = 5,
           retry_wait_s: float = 2.0) -> dict:
     """Download model ``name`` (``source.urls`` or ``source.huggingface``) into ``dest_dir``; return manifest fields.
 
@@ -81,13 +85,13 @@ def fetch(name: str, model: dict, dest_dir, log=None, scratch_dir=None, max_atte
     dest.mkdir(parents=True, exist_ok=True)
     ledger = _Ledger(dest)
     todo = [f for f in files if not ledger.verified(f)]
-    _say(log, f"{name}: {len(files) - len(todo)} of {len(files)} files already verified, {len(todo)} to fetch")
+    log.info(f"{name}: {len(files) - len(todo)} of {len(files)} files already verified, {len(todo)} to fetch")
     if todo:
         scratch.mkdir(parents=True, exist_ok=True)
-        todo = [f for f in todo if not _adopt_scratch_file(f, scratch, dest, ledger, log)]
+        todo = [f for f in todo if not _adopt_scratch_file(f, scratch, dest, ledger)]
     if todo:
-        with Aria2Daemon(scratch, log=log) as daemon:
-            _download_all(daemon, todo, scratch, dest, ledger, headers, name, log, max_attempts, retry_wait_s)
+        with Aria2Daemon(scratch) as daemon:
+            _download_all(daemon, todo, scratch, dest, ledger, headers, name, max_attempts, retry_wait_s)
 
     entries = [{"name": f.name, "size": ledger.entries[f.name]["size"], "sha256": ledger.entries[f.name]["sha256"]}
                for f in files]
@@ -240,7 +244,7 @@ def _remove(path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _adopt_scratch_file(f: RemoteFile, scratch: Path, dest: Path, ledger: _Ledger, log) -> bool:
+def _adopt_scratch_file(f: RemoteFile, scratch: Path, dest: Path, ledger: _Ledger) -> bool:
     """A scratch file without a control file is complete or foreign: keep it if it verifies, else delete it."""
     path = scratch / f.name
     if not path.is_file() or path.with_name(path.name + ".aria2").exists():
@@ -248,10 +252,10 @@ def _adopt_scratch_file(f: RemoteFile, scratch: Path, dest: Path, ledger: _Ledge
     try:
         digest = _verify(f, path, "", aria2_checked=False)
     except DownloadError:
-        _say(log, f"{f.name}: stale file in scratch removed")
+        log.info(f"{f.name}: stale file in scratch removed")
         return False
     _place(f, path, dest, ledger, digest)
-    _say(log, f"{f.name}: complete in scratch, verified and moved")
+    log.info(f"{f.name}: complete in scratch, verified and moved")
     return True
 
 
@@ -271,9 +275,8 @@ class Aria2Daemon:
     are saved every second so that a hard kill loses at most a second of progress.
     """
 
-    def __init__(self, directory: Path, log=None, start_timeout_s: float = 20.0):
+    def __init__(self, directory: Path, start_timeout_s: float = 20.0):
         self.directory = Path(directory)
-        self.log = log
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen | None = None
         self.api = None
@@ -351,7 +354,7 @@ def aria2_options(f: RemoteFile, headers: list[str]) -> dict:
 
 
 def _download_all(daemon: Aria2Daemon, files: list[RemoteFile], scratch: Path, dest: Path, ledger: _Ledger,
-                  headers: list[str], name: str, log, max_attempts: int, retry_wait_s: float) -> None:
+                  headers: list[str], name: str, max_attempts: int, retry_wait_s: float) -> None:
     from tqdm import tqdm
 
     api = daemon.api
@@ -360,7 +363,7 @@ def _download_all(daemon: Aria2Daemon, files: list[RemoteFile], scratch: Path, d
     by_name = {f.name: f for f in files}
     finished_bytes = 0
     known_total = sum(f.size or 0 for f in files)
-    with tqdm(total=known_total or None, unit="B", unit_scale=True, unit_divisor=1024, desc=name, file=log,
+    with tqdm(total=known_total or None, unit="B", unit_scale=True, unit_divisor=1024, desc=name, file=sys.stderr,
               mininterval=1.0, dynamic_ncols=False) as bar:
         while active:
             time.sleep(0.25)
@@ -374,9 +377,9 @@ def _download_all(daemon: Aria2Daemon, files: list[RemoteFile], scratch: Path, d
                     _place(f, path, dest, ledger, digest)
                     finished_bytes += ledger.entries[f.name]["size"]
                     del active[fname]
-                    _say(log, f"{f.name}: verified ({'sha256' if f.sha256 else 'size'}) and moved")
+                    log.info(f"{f.name}: verified ({'sha256' if f.sha256 else 'size'}) and moved")
                 elif d.status in ("error", "removed"):
-                    _retry_or_raise(f, d, attempts, max_attempts, headers, scratch, name, log)
+                    _retry_or_raise(f, d, attempts, max_attempts, headers, scratch, name)
                     api.client.remove_download_result(d.gid)
                     time.sleep(retry_wait_s)
                     active[fname] = api.add_uris([f.url], options=aria2_options(f, headers))
@@ -391,7 +394,7 @@ def _download_all(daemon: Aria2Daemon, files: list[RemoteFile], scratch: Path, d
 
 
 def _retry_or_raise(f: RemoteFile, d, attempts: dict, max_attempts: int, headers: list[str], scratch: Path,
-                    name: str, log) -> None:
+                    name: str) -> None:
     """Classify a failed download: fatal errors raise with a fix; transient ones (an expired signed URL) return."""
     code, message = d.error_code or "", (d.error_message or "").strip()
     if code == _CHECKSUM:
@@ -413,7 +416,7 @@ def _retry_or_raise(f: RemoteFile, d, attempts: dict, max_attempts: int, headers
                             f"{scratch} are resumed")
     # The original URL still answers, so the failure was on a redirect target, e.g. a signed CDN URL that expired:
     # adding the original URL again resolves a fresh one and the control file resumes the partial file.
-    _say(log, f"{f.name}: aria2 error {code} ({message or 'no message'}; origin answers HTTP {status}), "
+    log.info(f"{f.name}: aria2 error {code} ({message or 'no message'}; origin answers HTTP {status}), "
               f"retry {attempts[f.name] + 1} of {max_attempts} from the original URL")
 
 
@@ -433,8 +436,3 @@ def _probe(url: str, headers: list[str]) -> int | None:
         return exc.code
     except (urllib.error.URLError, OSError):
         return None
-
-
-def _say(log, message: str) -> None:
-    if log is not None:
-        print(message, file=log, flush=True)

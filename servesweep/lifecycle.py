@@ -414,6 +414,51 @@ class HostLease:
         self.release()
 
 
+def host_gpu_count() -> int:
+    """NVIDIA GPUs NVML sees on this host (0 without a driver)."""
+    from servesweep.telemetry import load_nvml
+
+    nvml, _ = load_nvml()
+    if nvml is None:
+        return 0
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    finally:
+        nvml.nvmlShutdown()
+
+
+def config_gpus(env: dict, world_size: int) -> list[int]:
+    """GPU indices a server uses: its ``env``'s CUDA_VISIBLE_DEVICES, else the job's, else the first ``world_size``."""
+    visible = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible:
+        ids = [int(x) for x in visible.split(",") if x.strip().isdigit()]
+        return ids[:world_size] if world_size else ids
+    return list(range(world_size))
+
+
+def lease_for_config(records_dir: Path, env: dict, world_size: int, exclusive_cpu: bool = True, on_wait=None,
+                     gpu_count=host_gpu_count) -> tuple[HostLease, list[int]]:
+    """Hold this host's resources for one server config, waiting while another job has them; returns the lease and
+    the GPU indices the server uses (in CUDA_VISIBLE_DEVICES order).
+
+    One job at a time per GPU, and per host for CPU engines (``world_size`` 0): a neighbour would be measured too.
+    A GPU config whose GPUs are not pinned (CUDA_VISIBLE_DEVICES in ``env`` or the job's environment) gets the
+    lowest free ones of the ``gpu_count()`` the host has, so configs can run side by side; ``env`` then gets
+    CUDA_VISIBLE_DEVICES (and the PCI bus order, so CUDA's indices are NVML's, which the locks use). A pinned
+    config, or one asking for more GPUs than the host has, locks the GPUs it names.
+    """
+    pinned = "CUDA_VISIBLE_DEVICES" in env or "CUDA_VISIBLE_DEVICES" in os.environ
+    host_gpus = gpu_count() if world_size and not pinned else 0
+    if world_size and host_gpus >= world_size:
+        lease = HostLease.allocate(records_dir, world_size, list(range(host_gpus)), on_wait=on_wait)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, lease.gpus))
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        return lease, lease.gpus
+    gpus = config_gpus(env, world_size)
+    lease = HostLease(records_dir, gpus, cpu_engine=not world_size, exclusive_cpu=exclusive_cpu)
+    return lease.acquire(on_wait=on_wait), gpus
+
+
 class ServerProcess:
     """A server started in its own session (process group) with stdout+stderr appended to ``log_path``."""
 
@@ -544,7 +589,11 @@ class ServerProcess:
         self._restore_signal_handlers()
 
     def __enter__(self) -> "ServerProcess":
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # started part-way (the server, not its watchdog or record): stop what did start
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 from pathlib import Path
 
 from servesweep.download import fetch, sha256_file
+
+log = logging.getLogger(__name__)
 
 
 def _file_entry(path: Path, root: Path, with_hash: bool = True) -> dict:
@@ -27,7 +30,7 @@ def _check_sha(name: str, path: Path, expected: str | None) -> str:
     return actual
 
 
-def materialise(name: str, model: dict, dest_dir: Path, log=None, source_manifests: dict | None = None) -> dict:
+def materialise(name: str, model: dict, dest_dir: Path, source_manifests: dict | None = None) -> dict:
     """Make model ``name`` available under ``dest_dir`` (or in place for local paths); return its manifest.
 
     ``source_manifests`` maps a model name to its manifest, for sources built from another entry (``gguf_to_hf``).
@@ -61,9 +64,9 @@ def materialise(name: str, model: dict, dest_dir: Path, log=None, source_manifes
             files = [_file_entry(p, path, with_hash=False) for p in sorted(path.rglob("*")) if p.is_file()]
         manifest.update(path=str(path), revision=None, files=files)
     elif "gguf_to_hf" in source:
-        manifest.update(convert_gguf(name, source["gguf_to_hf"], dest_dir, source_manifests or {}, log=log))
+        manifest.update(convert_gguf(name, source["gguf_to_hf"], dest_dir, source_manifests or {}))
     else:
-        manifest.update(fetch(name, model, dest_dir, log=log))
+        manifest.update(fetch(name, model, dest_dir))
     return manifest
 
 
@@ -94,7 +97,7 @@ def _gguf_input(name: str, spec: dict, source_manifests: dict) -> tuple[Path, st
     return path, digest, {"path": str(path), "sha256": digest}
 
 
-def convert_gguf(name: str, spec: dict, dest_dir: Path, source_manifests: dict, log=None) -> dict:
+def convert_gguf(name: str, spec: dict, dest_dir: Path, source_manifests: dict) -> dict:
     """Convert the GGUF of a ``gguf_to_hf`` source into a Hugging Face folder ``dest_dir``; return manifest fields.
 
     A stamp in ``dest_dir`` records the source GGUF's sha256, the dtype and every written file's size, mtime and
@@ -111,12 +114,10 @@ def convert_gguf(name: str, spec: dict, dest_dir: Path, source_manifests: dict, 
     if {k: stamp.get(k) for k in wanted} == wanted and stamp.get("files") and all(
             (dest / f["name"]).is_file() and (dest / f["name"]).stat().st_size == f["size"]
             and (dest / f["name"]).stat().st_mtime_ns == f["mtime_ns"] for f in stamp["files"]):
-        if log:
-            print(f"{name}: already converted from {gguf_path.name} (sha256 {gguf_sha[:12]}…)", file=log)
+        log.info("%s: already converted from %s (sha256 %s…)", name, gguf_path.name, gguf_sha[:12])
         summary = stamp["summary"]
     else:
-        if log:
-            print(f"{name}: converting {gguf_path} to a Hugging Face folder ({dtype})", file=log)
+        log.info("%s: converting %s to a Hugging Face folder (%s)", name, gguf_path, dtype)
         stamp_path.unlink(missing_ok=True)
         summary = gguf_convert.convert(gguf_path, dest, dtype)
         files = []

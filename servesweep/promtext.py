@@ -1,6 +1,7 @@
 """Prometheus text exposition: parse with prometheus_client's parser and difference counters at cell boundaries."""
 from __future__ import annotations
 
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -35,3 +36,15 @@ def by_label(samples: dict[tuple[str, tuple], float], name: str, label: str) -> 
             key = dict(lab)[label]
             out[key] = out.get(key, 0.0) + v
     return out
+
+
+async def scrape(session: aiohttp.ClientSession, base: str, path: str | None) -> str | None:
+    """The text at ``base + path`` (a server's metrics endpoint), or None without a path or on any failure:
+    a missing scrape leaves the counters it would have fed empty, never zero."""
+    if not path:
+        return None
+    try:
+        async with session.get(base + path) as resp:
+            return await resp.text() if resp.status == 200 else None
+    except aiohttp.ClientError:
+        return None

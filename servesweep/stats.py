@@ -15,7 +15,7 @@ import numpy as np
 from scipy import stats as sps
 
 CONFIDENCE = 0.95
-# Other processes' share of the host's CPU during a repeat's window (bench.other_cpu_pct) above which the repeat was
+# Other processes' share of the host's CPU during a repeat's window (telemetry.other_cpu_pct) above which the repeat was
 # measured beside a busy neighbour: it is kept in repeats.csv but left out of the cell's figures and comparisons.
 HOST_BUSY_PCT = 10.0
 
@@ -321,3 +321,47 @@ def verdict(lo: float, hi: float, band: float) -> str:
     if hi < 1.0 - band:
         return "slower"
     return "no measurable difference"
+
+
+# Columns whose repeats get a 95 % interval in cells.csv (``<col>_ci95``, the half-width).
+CI_COLUMNS = (
+    "agg_output_tok_s", "per_request_tok_s", "request_s",
+    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
+    "itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_chunk_p50_s", "itl_chunk_p90_s", "itl_chunk_p99_s",
+    "e2e_p50_s", "e2e_p90_s", "e2e_p99_s",
+    "gpu_energy_j", "gpu_j_per_output_token", "output_tokens_per_gpu_j", "gpu_power_mean_w",
+    "cpu_energy_j", "cpu_j_per_output_token", "accept_length", "host_other_cpu_pct",
+    "achieved_arrival_rps", "send_lag_p99_ms",
+)
+# Summed over repeats rather than averaged.
+COUNT_COLUMNS = ("requests", "errors", "warmup_requests", "drain_requests", "output_tokens", "prompt_tokens",
+                 "unsent_at_close")
+# A cell: its prompts, and its load — closed-loop at ``concurrency`` (``request_rate`` NaN) or open-loop at
+# ``request_rate`` req/s (``concurrency`` NaN; its cap on requests in flight is ``max_concurrency``).
+CELL_KEYS = ("workload", "ctx", "load", "concurrency", "request_rate")
+
+
+def slo_names(row: dict) -> list[str]:
+    """The targets a row has goodput columns for."""
+    return [k[len("goodput_"):-len("_rps")] for k in row if k.startswith("goodput_") and k.endswith("_rps")]
+
+
+def combine_cell(repeats: list[dict]) -> dict:
+    """One cell from its repeats: means, 95 % half-widths of the ``CI_COLUMNS``, summed counts; client-bound and
+    window-capped if any repeat was. Repeats measured beside a busy neighbour are left out while any other is left
+    (``repeats_host_busy`` counts them)."""
+    clean = [r for r in repeats if not host_busy(r)] or repeats
+    names = slo_names(repeats[0])
+    ci = (*CI_COLUMNS, *(c for n in names for c in (f"goodput_{n}_rps", f"slo_{n}_attainment")))
+    out = combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in clean], ci,
+                                    (*COUNT_COLUMNS, *(f"slo_{n}_good" for n in names)))
+    out.update(pooled_attainment(clean, names))
+    out["repeats_host_busy"] = sum(host_busy(r) for r in repeats)
+    for key in ("config", "engine", *CELL_KEYS, "max_concurrency", "requested_prompt_tokens"):
+        if key in repeats[0]:
+            out[key] = repeats[0][key]  # identical in every repeat: keys, not measurements
+    out["cell_start"], out["cell_end"] = repeats[0]["cell_start"], repeats[-1]["cell_end"]
+    out["client_bound_repeats"] = sum(bool(r.get("client_bound")) for r in repeats)
+    lags = [r["loop_lag_p99_ms"] for r in repeats if isinstance(r.get("loop_lag_p99_ms"), (int, float))]
+    out["loop_lag_p99_ms_max"] = max(lags) if lags else math.nan
+    return out

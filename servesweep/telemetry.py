@@ -1,7 +1,10 @@
 """Host and GPU telemetry for one config job: a background sampler plus per-cell windows.
 
-Interface used by the bench job: ``start()``, ``host_facts()``, ``cell_begin(cell_id)``, ``cell_end(cell_id) -> dict``
-and ``stop()``; ``energy_per_token(row)`` turns a finished cell row into J per output token and tokens per J.
+Sources, each a class of its own: :class:`NvmlGpus` (NVML and GPM), :class:`Rapl` (CPU package energy) and
+:class:`HostCpu` (utilisation; with :func:`cpu_snapshot` and :func:`other_cpu_pct` for other processes' share);
+:class:`Telemetry` runs the sampler thread over them. Interface used by the bench job: ``start()``, ``host_facts()``,
+``cell_begin(cell_id)``, ``cell_end(cell_id) -> CellTelemetry`` (``.columns()`` for cells.csv) and ``stop()``;
+``energy_per_token(row)`` turns a finished cell row into J per output token and tokens per J.
 
 With NVIDIA GPUs (through NVML, ``pynvml``) a thread samples every GPU of the config at 10–20 Hz: instant power
 (``NVML_FI_DEV_POWER_INSTANT``), the 1-s average power (``nvmlDeviceGetPowerUsage``), the energy counter (once a
@@ -15,8 +18,10 @@ injectable (``Telemetry(..., nvml=fake)``) so the sampler and the energy arithme
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +66,31 @@ def read_rapl_uj(root: Path = RAPL_ROOT) -> tuple[int | None, int | None, str]:
         except (OSError, ValueError) as exc:
             return None, None, f"RAPL not readable: {exc}"
     return (total, wrap, "") if found else (None, None, "no RAPL power-capping zones on this host")
+
+
+def cpu_snapshot(server_pid: int | None) -> tuple[float, float, float]:
+    """(host CPU seconds busy, the server's process tree's CPU seconds, this job's own CPU seconds) right now."""
+    host = psutil.cpu_times()
+    busy = sum(host) - host.idle - getattr(host, "iowait", 0.0)
+    served = 0.0
+    if server_pid is not None:
+        try:
+            root = psutil.Process(server_pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = proc.cpu_times()
+                    served += t.user + t.system
+        except psutil.Error:
+            pass
+    me = os.times()
+    return busy, served, me.user + me.system
+
+
+def other_cpu_pct(before: tuple[float, float, float], after: tuple[float, float, float], seconds: float) -> float:
+    """CPU used by processes other than the server and this job over a window, in % of all the host's cores: a
+    busy neighbour distorts host-bound cells, and this says when one was there."""
+    busy, served, mine = (b - a for a, b in zip(before, after))
+    return max(0.0, 100.0 * (busy - served - mine) / max(seconds * (os.cpu_count() or 1), 1e-9))
 
 
 def load_nvml():
@@ -141,33 +171,79 @@ class _Gpu:
     energy_read_at: float = -math.inf
 
 
-class Telemetry:
-    """Samples the config's GPUs (or the host's CPU when there is none) and summarises each cell's window."""
+@dataclass
+class CellTelemetry:
+    """What the telemetry saw over one cell's window; :meth:`columns` gives its cells.csv columns, in order.
 
-    def __init__(self, gpu_indices: list[int], samples_path: Path | None = None,
-                 interval_s: float = DEFAULT_INTERVAL_S, nvml=None):
-        """``nvml``: an initialised NVML module (``pynvml`` or a fake); by default pynvml is loaded if usable."""
-        self.gpu_indices = list(gpu_indices)
-        self.samples_path = samples_path
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._samples: list[dict] = []
-        self._cells: dict[str, dict] = {}
-        self._lock = threading.Lock()
-        self._gpus: list[_Gpu] = []
-        self.nvml_reason = ""
-        if not self.gpu_indices:
-            self.nvml = None
-            self.nvml_reason = "this config uses no GPU"
-        elif nvml is not None:
-            self.nvml = nvml
+    ``gpu`` holds the GPU columns (empty without NVML): a metric the GPU does not support is NaN there, and the
+    reason is in ``gpm_unsupported``/``nvml_unsupported`` — never zero. Exactly one of ``cpu_energy_j`` (RAPL) and
+    ``cpu_energy_note`` (why there is no CPU energy) is set.
+    """
+
+    gpu_telemetry: str
+    cpu_util_pct: float
+    cpu_max_core_pct: float
+    cpu_energy_j: float | None = None
+    cpu_energy_note: str | None = None
+    gpu: dict = field(default_factory=dict)
+
+    def columns(self) -> dict:
+        """The cells.csv columns of this window (see docs/telemetry.md)."""
+        out: dict = {"gpu_telemetry": self.gpu_telemetry, "cpu_util_pct": self.cpu_util_pct,
+                     "cpu_max_core_pct": self.cpu_max_core_pct}
+        if self.cpu_energy_j is not None:
+            out["cpu_energy_j"] = self.cpu_energy_j
         else:
-            self.nvml, self.nvml_reason = load_nvml()
-        if self.nvml is not None:
-            self._gpus = [self._open_gpu(i) for i in self.gpu_indices]
+            out["cpu_energy_note"] = self.cpu_energy_note
+        out.update(self.gpu)
+        return out
 
-    # --- set-up ------------------------------------------------------------------------------------------------
+
+class HostCpu:
+    """The host's CPU utilisation, one reading per sampler tick (the ``gpu`` -1 rows of telemetry.csv)."""
+
+    def prime(self) -> None:
+        """psutil's per-core utilisation is since the previous call: the first call only sets the start."""
+        psutil.cpu_percent(None, percpu=True)
+
+    def sample(self) -> dict:
+        cores = psutil.cpu_percent(None, percpu=True)
+        return {"t": now(), "gpu": -1, "cpu_util_pct": mean_or_nan(cores), "cpu_max_core_pct": max(cores, default=None)}
+
+    @staticmethod
+    def window(rows: list[dict]) -> tuple[float, float]:
+        """(mean utilisation, mean busiest core) over a window's CPU rows."""
+        return (mean_or_nan([s["cpu_util_pct"] for s in rows]),
+                mean_or_nan([s["cpu_max_core_pct"] for s in rows if s["cpu_max_core_pct"] is not None]))
+
+
+class Rapl:
+    """CPU package energy from RAPL's counters, differenced over a window (with the counter's wrap)."""
+
+    def begin(self) -> tuple[int | None, int | None]:
+        energy, wrap, _ = read_rapl_uj()
+        return energy, wrap
+
+    @staticmethod
+    def end(begun: tuple[int | None, int | None]) -> tuple[float | None, str]:
+        """(joules since ``begun``, "") or (None, why not)."""
+        energy0, wrap = begun
+        energy1, _, why = read_rapl_uj()
+        if energy1 is None or energy0 is None:
+            return None, why
+        delta = energy1 - energy0
+        if delta < 0:  # counter wrapped
+            delta += wrap
+        return delta / 1e6, ""
+
+
+class NvmlGpus:
+    """The config's NVIDIA GPUs through NVML: per-tick samples, cell energy counters and GPM samples, host facts."""
+
+    def __init__(self, nvml, indices: list[int]):
+        self.nvml = nvml
+        self.gpus = [self._open_gpu(i) for i in indices] if nvml is not None else []
+
     def _open_gpu(self, index: int) -> _Gpu:
         nv = self.nvml
         gpu = _Gpu(index, nv.nvmlDeviceGetHandleByIndex(index))
@@ -198,6 +274,12 @@ class Telemetry:
                 gpu.unsupported[metric] = str(exc)
             return None
 
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError as exc:
+            return f"unavailable: {exc}"
+
     def _instant_power_mw(self, gpu: _Gpu) -> float | None:
         nv = self.nvml
         values = self._query(gpu, "power_instant", nv.nvmlDeviceGetFieldValues, gpu.handle,
@@ -210,22 +292,16 @@ class Telemetry:
             return None
         return value.value.uiVal
 
-    def _energy_mj(self, gpu: _Gpu) -> float | None:
-        return self._query(gpu, "energy", self.nvml.nvmlDeviceGetTotalEnergyConsumption, gpu.handle)
+    def energy_mj(self) -> dict[int, float | None]:
+        """Each GPU's energy counter now (mJ), read exactly at a cell's boundary."""
+        return {gpu.index: self._query(gpu, "energy", self.nvml.nvmlDeviceGetTotalEnergyConsumption, gpu.handle)
+                for gpu in self.gpus}
 
-    def host_facts(self) -> dict:
-        """What the host offers: GPU names, enforced power limits, memory bandwidth and GPM support; or why none."""
-        facts = {"cpu_count": psutil.cpu_count(), "rapl": read_rapl_uj()[2] or "readable",
-                 "sample_interval_s": self.interval_s}
-        if self.nvml is None:
-            facts["gpu"] = NO_GPU
-            facts["gpu_note"] = self.nvml_reason
-            return facts
+    def facts(self) -> dict:
+        """Driver and, per GPU, name, enforced power limit, memory bandwidth and GPM support."""
         nv = self.nvml
-        facts["gpu"] = "nvml"
-        facts["driver"] = _text(self._call(nv.nvmlSystemGetDriverVersion))
         gpus = []
-        for gpu in self._gpus:
+        for gpu in self.gpus:
             bus = self._query(gpu, "bus_width", nv.nvmlDeviceGetMemoryBusWidth, gpu.handle)
             mem_clock = self._query(gpu, "max_mem_clock", nv.nvmlDeviceGetMaxClockInfo, gpu.handle, nv.NVML_CLOCK_MEM)
             gpus.append({
@@ -234,78 +310,28 @@ class Telemetry:
                 "memory_bandwidth_gb_s": memory_bandwidth_bytes_s(bus, mem_clock) / 1e9 if bus and mem_clock else None,
                 "gpm": "supported" if gpu.gpm_samples else gpu.gpm_reason,
             })
-        facts["gpus"] = gpus
-        return facts
+        return {"gpu": "nvml", "driver": _text(self._call(nv.nvmlSystemGetDriverVersion)), "gpus": gpus}
 
     def memory_used_bytes(self) -> dict[int, int]:
-        """Device memory in use per GPU of this config; empty without NVML."""
-        if self.nvml is None:
-            return {}
         used = {}
-        for gpu in self._gpus:
+        for gpu in self.gpus:
             info = self._query(gpu, "memory", self.nvml.nvmlDeviceGetMemoryInfo, gpu.handle)
             if info is not None:
                 used[gpu.index] = int(info.used)
         return used
 
-    def wait_memory_released(self, baseline: dict[int, int], tolerance_bytes: int = 512 * 2**20,
-                             timeout_s: float = 60.0, poll_s: float = 0.25) -> dict:
-        """Wait until each GPU's used memory is back within ``tolerance_bytes`` of its pre-launch ``baseline``.
-
-        A stopped server's CUDA contexts can take a moment to go; the next config must not start on a GPU that
-        still holds them. Returns what was seen, for meta.json: released (bool), waited seconds, MiB still held.
-        """
-        if not baseline:
-            return {"released": None, "note": self.nvml_reason or "no GPU memory to watch"}
-        start = now()
-        while True:
-            used = self.memory_used_bytes()
-            held = {i: used.get(i, 0) - b for i, b in baseline.items()}
-            if all(h <= tolerance_bytes for h in held.values()) or now() - start >= timeout_s:
-                break
-            time.sleep(poll_s)
-        released = all(h <= tolerance_bytes for h in held.values())
-        return {"released": released, "waited_s": now() - start,
-                "held_mib": {str(i): max(0, h) / 2**20 for i, h in held.items()}}
-
-    def _call(self, fn, *args):
-        try:
-            return fn(*args)
-        except self.nvml.NVMLError as exc:
-            return f"unavailable: {exc}"
-
-    # --- sampling ----------------------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the background sampler (one thread for all GPUs and the CPU)."""
-        psutil.cpu_percent(None, percpu=True)
-        self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        # A fixed schedule (not sleep-after-work) keeps the rate at 1/interval however long a sample takes.
-        t_next = time.monotonic()
-        while True:
-            t_next += self.interval_s
-            if self._stop.wait(max(0.0, t_next - time.monotonic())):
-                return
-            rows = self.sample()
-            with self._lock:
-                self._samples.extend(rows)
-
     def sample(self) -> list[dict]:
-        """One reading of every GPU plus the CPU, as telemetry.csv rows (``gpu`` -1 is the CPU row)."""
-        cores = psutil.cpu_percent(None, percpu=True)
-        rows = [{"t": now(), "gpu": -1, "cpu_util_pct": mean_or_nan(cores),
-                 "cpu_max_core_pct": max(cores, default=None)}]
+        """One telemetry.csv row per GPU; the costly energy counter only once per ``ENERGY_SAMPLE_EVERY_S``."""
         nv = self.nvml
-        for gpu in self._gpus:
+        rows = []
+        for gpu in self.gpus:
             h = gpu.handle
             instant = self._instant_power_mw(gpu)
             average = self._query(gpu, "power_avg", nv.nvmlDeviceGetPowerUsage, h)
             energy = None
             if time.monotonic() - gpu.energy_read_at >= ENERGY_SAMPLE_EVERY_S:
                 gpu.energy_read_at = time.monotonic()
-                energy = self._energy_mj(gpu)
+                energy = self._query(gpu, "energy", nv.nvmlDeviceGetTotalEnergyConsumption, h)
             util = self._query(gpu, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
             mem = self._query(gpu, "memory", nv.nvmlDeviceGetMemoryInfo, h)
             rows.append({
@@ -322,63 +348,28 @@ class Telemetry:
             })
         return rows
 
-    # --- cells -------------------------------------------------------------------------------------------------
-    def cell_begin(self, cell_id: str) -> None:
-        """Mark a cell's start: energy counters, RAPL and the first GPM sample of each GPU."""
-        energy, wrap, _ = read_rapl_uj()
-        state = {"t0": now(), "rapl0": energy, "wrap": wrap, "energy0": {}}
-        for gpu in self._gpus:
-            state["energy0"][gpu.index] = self._energy_mj(gpu)
-            if gpu.gpm_samples:
-                self._gpm_sample(gpu, 0)
-        self._cells[cell_id] = state
+    def gpm_sample(self, slot: int) -> None:
+        """Take GPM sample ``slot`` (0 at a cell's start, 1 at its end) on every GPU that has GPM."""
+        for gpu in self.gpus:
+            if not gpu.gpm_samples:
+                continue
+            try:
+                self.nvml.nvmlGpmSampleGet(gpu.handle, gpu.gpm_samples[slot])
+            except self.nvml.NVMLError as exc:
+                gpu.gpm_reason = f"GPM sample failed: {exc}"
+                gpu.gpm_samples = []
 
-    def _gpm_sample(self, gpu: _Gpu, slot: int) -> None:
-        try:
-            self.nvml.nvmlGpmSampleGet(gpu.handle, gpu.gpm_samples[slot])
-        except self.nvml.NVMLError as exc:
-            gpu.gpm_reason = f"GPM sample failed: {exc}"
-            gpu.gpm_samples = []
-
-    def cell_end(self, cell_id: str) -> dict:
-        """Close a cell's window and return its telemetry columns (see docs/telemetry.md)."""
-        begin = self._cells.pop(cell_id)
-        if self._gpus and now() - begin["t0"] < GPM_MIN_WINDOW_S:
-            time.sleep(GPM_MIN_WINDOW_S - (now() - begin["t0"]))
-        t1 = now()
-        energy1 = {gpu.index: self._energy_mj(gpu) for gpu in self._gpus}
-        for gpu in self._gpus:
-            if gpu.gpm_samples:
-                self._gpm_sample(gpu, 1)
-        rapl, _, why = read_rapl_uj()
-        with self._lock:
-            window = [s for s in self._samples if begin["t0"] <= s["t"] <= t1]
-        cpu = [s for s in window if s["gpu"] == -1]
-        out: dict = {"gpu_telemetry": "nvml" if self._gpus else NO_GPU,
-                     "cpu_util_pct": mean_or_nan([s["cpu_util_pct"] for s in cpu]),
-                     "cpu_max_core_pct": mean_or_nan([s["cpu_max_core_pct"] for s in cpu
-                                                      if s["cpu_max_core_pct"] is not None])}
-        if rapl is not None and begin["rapl0"] is not None:
-            delta = rapl - begin["rapl0"]
-            if delta < 0:  # counter wrapped
-                delta += begin["wrap"]
-            out["cpu_energy_j"] = delta / 1e6
-        else:
-            out["cpu_energy_note"] = why
-        if self._gpus:
-            out.update(self._gpu_cell(window, begin, energy1, t1 - begin["t0"]))
-        return out
-
-    def _gpu_cell(self, window: list[dict], begin: dict, energy1: dict, duration_s: float) -> dict:
+    def window(self, rows: list[dict], energy0: dict, energy1: dict, duration_s: float) -> dict:
+        """The GPU columns of one cell from its window's samples and the energy counters at its ends."""
         per_gpu = []
-        for gpu in self._gpus:
-            rows = [s for s in window if s["gpu"] == gpu.index]
+        for gpu in self.gpus:
+            mine = [s for s in rows if s["gpu"] == gpu.index]
             source = "instant" if "power_instant" not in gpu.unsupported else "1-s average"
             key = "power_instant_w" if source == "instant" else "power_avg_w"
-            watts = [s[key] for s in rows if s[key] is not None]
+            watts = [s[key] for s in mine if s[key] is not None]
             mean_w = mean_or_nan(watts)
             integrated = mean_w * duration_s
-            e0, e1 = begin["energy0"].get(gpu.index), energy1.get(gpu.index)
+            e0, e1 = energy0.get(gpu.index), energy1.get(gpu.index)
             if e0 is not None and e1 is not None and e1 > e0:
                 energy, energy_source = (e1 - e0) / 1000, "counter"
             elif "energy" in gpu.unsupported:
@@ -388,13 +379,13 @@ class Telemetry:
             per_gpu.append({
                 "index": gpu.index, "energy_j": energy, "energy_source": energy_source, "integrated_j": integrated,
                 "mean_w": mean_w, "max_w": max(watts) if watts else math.nan, "limit_w": gpu.power_limit_w,
-                "source": source, "samples": len(rows),
-                "util": mean_or_nan([s["gpu_util_pct"] for s in rows if s["gpu_util_pct"] is not None]),
-                "mem_util": mean_or_nan([s["mem_util_pct"] for s in rows if s["mem_util_pct"] is not None]),
-                "sm_clock": mean_or_nan([s["sm_clock_mhz"] for s in rows if s["sm_clock_mhz"] is not None]),
-                "mem_clock": mean_or_nan([s["mem_clock_mhz"] for s in rows if s["mem_clock_mhz"] is not None]),
-                "temp_max": max((s["temp_c"] for s in rows if s["temp_c"] is not None), default=math.nan),
-                "mem_used_max": max((s["mem_used_mib"] for s in rows if s["mem_used_mib"] is not None),
+                "source": source, "samples": len(mine),
+                "util": mean_or_nan([s["gpu_util_pct"] for s in mine if s["gpu_util_pct"] is not None]),
+                "mem_util": mean_or_nan([s["mem_util_pct"] for s in mine if s["mem_util_pct"] is not None]),
+                "sm_clock": mean_or_nan([s["sm_clock_mhz"] for s in mine if s["sm_clock_mhz"] is not None]),
+                "mem_clock": mean_or_nan([s["mem_clock_mhz"] for s in mine if s["mem_clock_mhz"] is not None]),
+                "temp_max": max((s["temp_c"] for s in mine if s["temp_c"] is not None), default=math.nan),
+                "mem_used_max": max((s["mem_used_mib"] for s in mine if s["mem_used_mib"] is not None),
                                     default=math.nan),
                 "gpm": self._gpm_metrics(gpu),
             })
@@ -428,7 +419,7 @@ class Telemetry:
             if reasons:
                 unsupported.append(f"{column}: {'; '.join(reasons)}")
         out["gpm_unsupported"] = " | ".join(unsupported)
-        other = sorted({f"{m}: {why}" for g in self._gpus for m, why in g.unsupported.items()})
+        other = sorted({f"{m}: {why}" for g in self.gpus for m, why in g.unsupported.items()})
         out["nvml_unsupported"] = " | ".join(other)
         if len(per_gpu) > 1:
             for g in per_gpu:
@@ -461,15 +452,131 @@ class Telemetry:
                            else f"unsupported: {_text(nv.nvmlErrorString(metric.nvmlReturn))}")
         return out
 
+    def close(self) -> None:
+        """Free the GPM samples."""
+        for gpu in self.gpus:
+            for sample in gpu.gpm_samples:
+                self._call(self.nvml.nvmlGpmSampleFree, sample)
+            gpu.gpm_samples = []
+
+
+@dataclass
+class _Window:
+    t0: float
+    rapl: tuple[int | None, int | None]
+    energy0: dict
+
+
+class Telemetry:
+    """The sampler thread over the sources (the config's GPUs through NVML, the host's CPU, RAPL), and per-cell
+    windows over its samples."""
+
+    def __init__(self, gpu_indices: list[int], samples_path: Path | None = None,
+                 interval_s: float = DEFAULT_INTERVAL_S, nvml=None):
+        """``nvml``: an initialised NVML module (``pynvml`` or a fake); by default pynvml is loaded if usable."""
+        self.gpu_indices = list(gpu_indices)
+        self.samples_path = samples_path
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._samples: list[dict] = []
+        self._cells: dict[str, _Window] = {}
+        self._lock = threading.Lock()
+        self.nvml_reason = ""
+        if not self.gpu_indices:
+            nvml, self.nvml_reason = None, "this config uses no GPU"
+        elif nvml is None:
+            nvml, self.nvml_reason = load_nvml()
+        self.gpus = NvmlGpus(nvml, self.gpu_indices)
+        self.cpu = HostCpu()
+        self.rapl = Rapl()
+
+    def host_facts(self) -> dict:
+        """What the host offers: GPU names, enforced power limits, memory bandwidth and GPM support; or why none."""
+        facts = {"cpu_count": psutil.cpu_count(), "rapl": read_rapl_uj()[2] or "readable",
+                 "sample_interval_s": self.interval_s}
+        if self.gpus.nvml is None:
+            facts["gpu"] = NO_GPU
+            facts["gpu_note"] = self.nvml_reason
+            return facts
+        facts.update(self.gpus.facts())
+        return facts
+
+    def memory_used_bytes(self) -> dict[int, int]:
+        """Device memory in use per GPU of this config; empty without NVML."""
+        return self.gpus.memory_used_bytes()
+
+    def wait_memory_released(self, baseline: dict[int, int], tolerance_bytes: int = 512 * 2**20,
+                             timeout_s: float = 60.0, poll_s: float = 0.25) -> dict:
+        """Wait until each GPU's used memory is back within ``tolerance_bytes`` of its pre-launch ``baseline``.
+
+        A stopped server's CUDA contexts can take a moment to go; the next config must not start on a GPU that
+        still holds them. Returns what was seen, for meta.json: released (bool), waited seconds, MiB still held.
+        """
+        if not baseline:
+            return {"released": None, "note": self.nvml_reason or "no GPU memory to watch"}
+        start = now()
+        while True:
+            used = self.memory_used_bytes()
+            held = {i: used.get(i, 0) - b for i, b in baseline.items()}
+            if all(h <= tolerance_bytes for h in held.values()) or now() - start >= timeout_s:
+                break
+            time.sleep(poll_s)
+        released = all(h <= tolerance_bytes for h in held.values())
+        return {"released": released, "waited_s": now() - start,
+                "held_mib": {str(i): max(0, h) / 2**20 for i, h in held.items()}}
+
+    # --- sampling ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the background sampler (one thread for all GPUs and the CPU)."""
+        self.cpu.prime()
+        self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # A fixed schedule (not sleep-after-work) keeps the rate at 1/interval however long a sample takes.
+        t_next = time.monotonic()
+        while True:
+            t_next += self.interval_s
+            if self._stop.wait(max(0.0, t_next - time.monotonic())):
+                return
+            rows = self.sample()
+            with self._lock:
+                self._samples.extend(rows)
+
+    def sample(self) -> list[dict]:
+        """One reading of every GPU plus the CPU, as telemetry.csv rows (``gpu`` -1 is the CPU row)."""
+        return [self.cpu.sample(), *self.gpus.sample()]
+
+    # --- cells -------------------------------------------------------------------------------------------------
+    def cell_begin(self, cell_id: str) -> None:
+        """Mark a cell's start: energy counters, RAPL and the first GPM sample of each GPU."""
+        rapl = self.rapl.begin()
+        self._cells[cell_id] = _Window(now(), rapl, self.gpus.energy_mj())
+        self.gpus.gpm_sample(0)
+
+    def cell_end(self, cell_id: str) -> CellTelemetry:
+        """Close a cell's window and return what was measured over it."""
+        begin = self._cells.pop(cell_id)
+        if self.gpus.gpus and now() - begin.t0 < GPM_MIN_WINDOW_S:
+            time.sleep(GPM_MIN_WINDOW_S - (now() - begin.t0))
+        t1 = now()
+        energy1 = self.gpus.energy_mj()
+        self.gpus.gpm_sample(1)
+        cpu_energy, why = self.rapl.end(begin.rapl)
+        with self._lock:
+            window = [s for s in self._samples if begin.t0 <= s["t"] <= t1]
+        util, max_core = self.cpu.window([s for s in window if s["gpu"] == -1])
+        gpu = self.gpus.window(window, begin.energy0, energy1, t1 - begin.t0) if self.gpus.gpus else {}
+        return CellTelemetry("nvml" if self.gpus.gpus else NO_GPU, util, max_core, cpu_energy,
+                             None if cpu_energy is not None else why, gpu)
+
     def stop(self) -> None:
         """Stop the sampler, free GPM samples and write telemetry.csv (if a path was given)."""
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-        for gpu in self._gpus:
-            for sample in gpu.gpm_samples:
-                self._call(self.nvml.nvmlGpmSampleFree, sample)
-            gpu.gpm_samples = []
+        self.gpus.close()
         if self.samples_path:
             self.samples_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.samples_path, "w", newline="") as fh:

@@ -221,3 +221,26 @@ def test_schema_engine_enum_is_the_registry():
 
     engine = schema()["properties"]["server_configs"]["additionalProperties"]["properties"]["engine"]
     assert engine["enum"] == engine_names() and len(engine_names()) >= 3
+
+
+def test_the_library_never_touches_snakemake_objects():
+    """servesweep/ takes typed arguments and paths: no module imports snakemake or names its objects in code (the
+    adapters in scripts/ translate ``snakemake.input``/``output``/``params``); prose may mention the tool."""
+    hits = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Name):
+                names = [node.id]
+            elif isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, ast.alias):
+                names = [node.name]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.arg):
+                names = [node.arg]
+            hits += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+                     if n.split(".")[0] in ("snakemake", "Namedlist", "InputFiles", "OutputFiles", "Params")]
+    assert not hits, hits

@@ -43,7 +43,7 @@ def test_server_death_mid_matrix_keeps_finished_cells(tmp_path):
     killer.start()
     try:
         with pytest.raises(Exception):
-            run_config("ar", config, manifest, facts, paths, log=io.StringIO())
+            run_config("ar", config, manifest, facts, paths)
     finally:
         stop.set()
     meta = json.loads((paths.attempt_dir / "meta.json").read_text())

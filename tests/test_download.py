@@ -1,7 +1,7 @@
 """Downloads through a real aria2c daemon against a loopback HTTP server (Range support, throttling, redirects)."""
 import hashlib
-import io
 import json
+import logging
 import re
 import shutil
 import threading
@@ -156,13 +156,12 @@ def test_options_are_strings_and_capped():
     assert opts["checksum"] == "sha-256=" + "ab" * 32 and opts["header"] == ["Authorization: Bearer t"]
 
 
-def test_multi_connection_download_and_no_refetch(site, tmp_path):
+def test_multi_connection_download_and_no_refetch(site, tmp_path, capsys):
     data = blob(6 << 20)
     site.files["/m/model.gguf"] = data
     site.throttle_bps = 2 << 20  # per connection: slow enough that the pieces overlap
-    log = io.StringIO()
     model = url_model({"url": site.base + "/m/model.gguf", "sha256": sha(data)}, fmt="gguf")
-    out = fetch("m", model, tmp_path / "models" / "m", log=log)
+    out = fetch("m", model, tmp_path / "models" / "m")
 
     assert out["path"] == str((tmp_path / "models" / "m" / "model.gguf").resolve())
     assert out["files"] == [{"name": "model.gguf", "size": len(data), "sha256": sha(data)}]
@@ -170,10 +169,10 @@ def test_multi_connection_download_and_no_refetch(site, tmp_path):
     ranged = {r["range"] for r in site.requests if r["path"] == "/m/model.gguf" and r["range"]}
     assert len(ranged) >= 4 and site.max_open_connections >= 4, (ranged, site.max_open_connections)
     assert not list((tmp_path / "downloads" / "m").iterdir()), "scratch is empty once files are moved"
-    assert "B/s" in log.getvalue(), "progress bar shows the rate"
+    assert "B/s" in capsys.readouterr().err, "progress bar shows the rate"
 
     served = site.bytes_served
-    again = fetch("m", model, tmp_path / "models" / "m", log=io.StringIO())
+    again = fetch("m", model, tmp_path / "models" / "m")
     assert again == out and site.bytes_served == served, "a complete model is not downloaded again"
 
 
@@ -198,7 +197,7 @@ def test_resume_after_killing_aria2c(site, tmp_path):
 
     site.throttle_bps = 0
     n_before = len(site.requests)
-    out = fetch("m", url_model({"url": f.url, "sha256": f.sha256}), tmp_path / "models" / "m", log=io.StringIO())
+    out = fetch("m", url_model({"url": f.url, "sha256": f.sha256}), tmp_path / "models" / "m")
     # aria2 opens with one range-less GET to learn the size and drops it; the pieces come as Range requests.
     spans = [tuple(int(x) for x in r["range"].removeprefix("bytes=").split("-"))
              for r in site.requests[n_before:] if r["range"]]
@@ -213,7 +212,7 @@ def test_checksum_mismatch_removes_file_and_control_file(site, tmp_path):
     site.files["/w.bin"] = data
     model = url_model({"url": site.base + "/w.bin", "sha256": "0" * 64})
     with pytest.raises(DownloadError, match="sha256") as err:
-        fetch("m", model, tmp_path / "models" / "m", log=io.StringIO())
+        fetch("m", model, tmp_path / "models" / "m")
     assert "removed" in str(err.value)
     scratch = tmp_path / "downloads" / "m"
     assert not (scratch / "w.bin").exists() and not (scratch / "w.bin.aria2").exists()
@@ -223,13 +222,12 @@ def test_checksum_mismatch_removes_file_and_control_file(site, tmp_path):
 def test_size_mismatch_is_an_error(site, tmp_path):
     site.files["/s.bin"] = blob(1000)
     with pytest.raises(DownloadError, match="1000 bytes, the source says 999"):
-        fetch("m", url_model({"url": site.base + "/s.bin", "size": 999}), tmp_path / "models" / "m",
-              log=io.StringIO())
+        fetch("m", url_model({"url": site.base + "/s.bin", "size": 999}), tmp_path / "models" / "m")
 
 
 def test_404_is_a_clear_error(site, tmp_path):
     with pytest.raises(DownloadError, match="404") as err:
-        fetch("m", url_model(site.base + "/missing.gguf"), tmp_path / "models" / "m", log=io.StringIO())
+        fetch("m", url_model(site.base + "/missing.gguf"), tmp_path / "models" / "m")
     assert "models.m.source" in str(err.value)
 
 
@@ -290,23 +288,24 @@ def test_hub_listing_include_exclude_and_lfs_sha256(hub_env, tmp_path):
     assert by_name["config.json"].sha256 is None and by_name["config.json"].size == len(files["config.json"])
     assert by_name["config.json"].url == f"{hub_env.base}/{REPO}/resolve/{COMMIT}/config.json"
 
-    out = fetch("tiny", {"source": {"huggingface": spec}}, tmp_path / "models" / "tiny", log=io.StringIO())
+    out = fetch("tiny", {"source": {"huggingface": spec}}, tmp_path / "models" / "tiny")
     assert out["revision"] == COMMIT and out["path"] == str((tmp_path / "models" / "tiny").resolve())
     assert {f["name"]: f["sha256"] for f in out["files"]} == {n: sha(files[n]) for n in by_name}
     assert (tmp_path / "models" / "tiny" / "sub" / "tok.json").read_bytes() == b"{}"
 
 
-def test_hub_token_only_from_env_and_never_logged(hub_env, tmp_path, monkeypatch):
+def test_hub_token_only_from_env_and_never_logged(hub_env, tmp_path, monkeypatch, caplog, capsys):
     hub(hub_env, {"w.safetensors": blob(1 << 20, seed=6)}, lfs={"w.safetensors"}, protected=True)
     spec = {"source": {"huggingface": {"repo": REPO, "token_required": True}}}
     with pytest.raises(DownloadError, match="HF_TOKEN"):
-        fetch("tiny", spec, tmp_path / "models" / "tiny", log=io.StringIO())
+        fetch("tiny", spec, tmp_path / "models" / "tiny")
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    log = io.StringIO()
-    out = fetch("tiny", spec, tmp_path / "models" / "tiny", log=log)
+    caplog.set_level(logging.DEBUG)
+    out = fetch("tiny", spec, tmp_path / "models" / "tiny")
     assert out["files"][0]["name"] == "w.safetensors"
-    assert TOKEN not in log.getvalue() and TOKEN not in json.dumps(out)
+    assert caplog.text and TOKEN not in caplog.text and TOKEN not in capsys.readouterr().err
+    assert TOKEN not in json.dumps(out)
     assert any(r["auth"] == f"Bearer {TOKEN}" and "resolve" in r["path"] for r in hub_env.requests)
 
 
@@ -314,7 +313,7 @@ def test_gated_file_without_token_is_an_auth_error(hub_env, tmp_path):
     hub(hub_env, {"w.safetensors": blob(1 << 20, seed=7)}, lfs={"w.safetensors"})
     hub_env.protected.add(f"/{REPO}/resolve/{COMMIT}/w.safetensors")  # listing is public, the file is not
     with pytest.raises(DownloadError, match="refused access .*HTTP 401.*HF_TOKEN"):
-        fetch("tiny", {"source": {"huggingface": {"repo": REPO}}}, tmp_path / "models" / "tiny", log=io.StringIO())
+        fetch("tiny", {"source": {"huggingface": {"repo": REPO}}}, tmp_path / "models" / "tiny")
 
 
 def test_expired_signed_url_is_resolved_again(hub_env, tmp_path, monkeypatch):
@@ -325,7 +324,7 @@ def test_expired_signed_url_is_resolved_again(hub_env, tmp_path, monkeypatch):
     hub(hub_env, {"shard.safetensors": data}, lfs={"shard.safetensors"}, signed={"shard.safetensors"},
         budget=1 << 20)
     hub_env.throttle_bps = 4 << 20
-    out = fetch("tiny", {"source": {"huggingface": {"repo": REPO}}}, tmp_path / "models" / "tiny", log=io.StringIO(),
+    out = fetch("tiny", {"source": {"huggingface": {"repo": REPO}}}, tmp_path / "models" / "tiny",
                 max_attempts=20, retry_wait_s=0.1)
     assert out["files"][0]["sha256"] == sha(data)
     assert hub_env.signed["/cdn/shard.safetensors"]["sig"] >= 4, "each expired signature was resolved again"
@@ -346,7 +345,7 @@ class FailedDownload:
     ("24", "/file", "refused access"),
     ("3", "/file", "not found"),
 ])
-def test_failure_classification(site, tmp_path, code, path, outcome):
+def test_failure_classification(site, tmp_path, code, path, outcome, caplog):
     site.files["/file"] = b"x"
     site.files["/private"] = b"x"
     site.protected.add("/private")
@@ -354,14 +353,14 @@ def test_failure_classification(site, tmp_path, code, path, outcome):
     f = RemoteFile("f.bin", site.base + path)
     attempts = {"f.bin": 1}
     if outcome == "retry":
-        log = io.StringIO()
-        download._retry_or_raise(f, FailedDownload(code), attempts, 5, [], tmp_path, "m", log)
-        assert "retry 2 of 5 from the original URL" in log.getvalue()
+        with caplog.at_level(logging.INFO, logger="servesweep.download"):
+            download._retry_or_raise(f, FailedDownload(code), attempts, 5, [], tmp_path, "m")
+        assert "retry 2 of 5 from the original URL" in caplog.text
         with pytest.raises(DownloadError, match="failed 5 times"):
-            download._retry_or_raise(f, FailedDownload(code), {"f.bin": 5}, 5, [], tmp_path, "m", log)
+            download._retry_or_raise(f, FailedDownload(code), {"f.bin": 5}, 5, [], tmp_path, "m")
     else:
         with pytest.raises(DownloadError, match=re.escape(outcome)):
-            download._retry_or_raise(f, FailedDownload(code), attempts, 5, [], tmp_path, "m", io.StringIO())
+            download._retry_or_raise(f, FailedDownload(code), attempts, 5, [], tmp_path, "m")
 
 
 def test_unknown_repo_names_the_key(hub_env, tmp_path):

@@ -84,7 +84,7 @@ def test_dummy_weights_and_disabled_checks_are_skipped_with_a_reason(tmp_path):
     assert skip_reason(SimpleNamespace(model={}), CorrectnessSettings(enabled=False)) == "correctness.enabled is false"
     outputs = CorrectnessOutputs(tmp_path / "coding_eval.json", tmp_path / "greedy.jsonl")
     # no server is touched: server and engine are never used on the skip path
-    summary = run_correctness(None, None, sc, {}, outputs, log=open("/dev/null", "w"))
+    summary = run_correctness(None, None, sc, {}, outputs)
     assert "dummy" in summary["skipped"]
     assert "dummy" in json.loads(outputs.coding_eval_json.read_text())["skipped"]
     assert outputs.greedy_jsonl.read_text() == ""

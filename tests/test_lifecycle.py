@@ -136,3 +136,19 @@ def test_sigterm_to_job_stops_server(tmp_path):
     proc.wait(timeout=30)
     assert group_gone(pgid)
     assert not port_in_use(port)
+
+
+def test_a_start_that_fails_after_launch_stops_the_server(tmp_path, monkeypatch):
+    """``with ServerProcess(...)``: a failure after the server process exists (here writing its launch record) still
+    kills its process group, since the ``with`` body (and so ``__exit__``) never runs."""
+    server = ServerProcess(spec(), tmp_path / "server.log", stop_grace_s=1.0, records_dir=tmp_path / "records",
+                           name="broken")
+
+    def fail():
+        raise OSError("disk full")
+
+    monkeypatch.setattr(server, "_write_record", fail)
+    with pytest.raises(OSError, match="disk full"):
+        with server:
+            pytest.fail("the body must not run")
+    assert server.proc is not None and group_gone(server.proc.pid)

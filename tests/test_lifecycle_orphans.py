@@ -265,3 +265,24 @@ def test_gpus_held_by_a_process_we_did_not_start_are_refused(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_lease_for_config_allocates_unpinned_gpus_and_keeps_pinned_ones(tmp_path, monkeypatch):
+    """The GPU choice of a bench job: unpinned configs get the lowest free GPUs (and their env says which); a pinned
+    config locks the GPUs it names, in its order; a CPU engine locks the host."""
+    from servesweep.lifecycle import lease_for_config
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    env: dict = {}
+    first, gpus = lease_for_config(tmp_path, env, 2, gpu_count=lambda: 4)
+    assert gpus == [0, 1] and env == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    env2: dict = {}
+    second, gpus2 = lease_for_config(tmp_path, env2, 1, gpu_count=lambda: 4)
+    assert gpus2 == [2] and env2["CUDA_VISIBLE_DEVICES"] == "2"
+    pinned = {"CUDA_VISIBLE_DEVICES": "3,2"}
+    third, gpus3 = lease_for_config(tmp_path / "other", pinned, 2, gpu_count=lambda: pytest.fail("pinned: not asked"))
+    assert gpus3 == [3, 2] and third.gpus == [2, 3] and pinned == {"CUDA_VISIBLE_DEVICES": "3,2"}
+    cpu, none = lease_for_config(tmp_path, {}, 0, gpu_count=lambda: pytest.fail("CPU engine: not asked"))
+    assert none == [] and [p.name.endswith("-cpu.lock") for p in cpu.paths] == [True]
+    for lease in (first, second, third, cpu):
+        lease.release()

@@ -306,14 +306,14 @@ def test_repeats_measured_beside_a_busy_neighbour_are_left_out():
     assert "not compared at C=1 (host busy" in significance_words(sp.reset_index(), 0.05)
     found = "\n".join(anomalies(cells.assign(errors=0, requests=4), rep, 0.05))
     assert "`b` ctx=128 C=1: 2 of 3 repeats were measured while other processes used 45 % of the host's CPU" in found
-    from servesweep.bench import combine_cell
+    from servesweep.stats import combine_cell
     rows = rep[(rep.config == "b") & (rep.concurrency == 2)].to_dict("records")
     combined = combine_cell([{**r, "cell_start": 0.0, "cell_end": 1.0} for r in rows])
     assert combined["repeats"] == 2 and combined["repeats_host_busy"] == 1
 
 
 def test_other_cpu_share():
-    from servesweep.bench import other_cpu_pct
+    from servesweep.telemetry import other_cpu_pct
 
     # 2 cores over 1 s = 2 CPU-seconds; the host was busy 1.6 s, the server 0.9 s, this job 0.3 s -> 0.4 s others
     import os

@@ -180,7 +180,7 @@ def test_combined_cell_pools_attainment_and_gives_goodput_intervals():
              "request_rate": 2.0, "repeat": k, "requests": 10, "slo_s_good": good, "goodput_s_rps": good / 5,
              "slo_s_attainment": good / 10, "cell_start": 0, "cell_end": 1, "max_concurrency": 64}
             for k, good in enumerate((8, 9, 7))]
-    cell = bench.combine_cell(rows)
+    cell = stats.combine_cell(rows)
     assert cell["slo_s_good"] == 24 and cell["requests"] == 30
     assert cell["goodput_s_rps"] == pytest.approx(1.6) and cell["goodput_s_rps_ci95"] > 0
     assert (cell["slo_s_attainment_lo"], cell["slo_s_attainment_hi"]) == pytest.approx(stats.wilson_ci95(24, 30))

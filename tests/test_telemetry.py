@@ -11,10 +11,11 @@ from servesweep.telemetry import Telemetry, energy_per_token, memory_bandwidth_b
 
 
 def run_cell(tele: Telemetry, seconds: float) -> dict:
+    """One cell window's cells.csv columns."""
     tele.start()
     tele.cell_begin("c")
     time.sleep(seconds)
-    out = tele.cell_end("c")
+    out = tele.cell_end("c").columns()
     tele.stop()
     return out
 
@@ -98,7 +99,7 @@ def test_no_gpu_records_cpu():
     tele.start()
     tele.cell_begin("c")
     time.sleep(0.15)
-    row = tele.cell_end("c")
+    row = tele.cell_end("c").columns()
     tele.stop()
     assert row["gpu_telemetry"] == tm.NO_GPU
     assert 0 <= row["cpu_util_pct"] <= 100
@@ -117,7 +118,7 @@ def test_rapl_energy_across_a_wrap(tmp_path, monkeypatch):
     tele.start()
     tele.cell_begin("c")
     (zone / "energy_uj").write_text("4000\n")  # wrapped past 1 J
-    row = tele.cell_end("c")
+    row = tele.cell_end("c").columns()
     tele.stop()
     assert row["cpu_energy_j"] == pytest.approx(0.005)
 
@@ -148,3 +149,17 @@ def test_no_gpu_has_no_memory_to_watch():
     tele = Telemetry([], nvml=None)
     assert tele.memory_used_bytes() == {}
     assert tele.wait_memory_released({})["released"] is None
+
+
+def test_cell_columns_keep_the_published_order(monkeypatch):
+    """``CellTelemetry.columns()`` writes the cells.csv columns in the order the shipped example's repeats.csv has
+    them (one H200, no RAPL), so tables from before and after compare column for column."""
+    from pathlib import Path
+
+    header = (Path(__file__).parent.parent / "examples/h200-sglang/report/repeats.csv").open().readline().strip()
+    names = header.split(",")
+    published = names[names.index("gpu_telemetry"):names.index("nvml_unsupported") + 1]
+    monkeypatch.setattr(tm, "read_rapl_uj", lambda root=None: (None, None, "no RAPL power-capping zones"))
+    window = run_cell(Telemetry([0], interval_s=0.05, nvml=FakeNvml([FakeGpu()])), 0.05)
+    assert list(window) == published
+    assert window["cpu_energy_note"] == "no RAPL power-capping zones"

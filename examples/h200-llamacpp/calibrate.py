@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)  # let the 1-s average power settle between workloads
         tele.cell_begin(name)
         result = fn(args.seconds)
-        row = {"workload": name, **result, **tele.cell_end(name)}
+        row = {"workload": name, **result, **tele.cell_end(name).columns()}
         rows.append(row)
         print({k: row[k] for k in ("workload", "achieved", "gpu_power_mean_w", "gpu_util_pct",
                                    "gpm_dram_bw_util_pct", "gpm_tensor_util_pct", "gpu_energy_j",

@@ -10,6 +10,7 @@ run folder lands in ``RESULTS_DIR/runs/<config>/``.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from servesweep.bench import JobPaths, run_config  # noqa: E402
 from servesweep.config import apply_defaults  # noqa: E402
 from servesweep.engines import get_engine  # noqa: E402
+from servesweep.logs import FORMAT  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", required=True, type=Path)
     ap.add_argument("configs", nargs="*")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=FORMAT, stream=sys.stderr)
     config = yaml.safe_load((HERE / "config.yaml").read_text())
     config["engines"]["llamacpp"]["binary"] = args.binary
     config = apply_defaults(config)
@@ -40,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                 "load_format": "gguf"}
     for cfg in args.configs or list(config["server_configs"]):
         paths = JobPaths.for_config(args.results, cfg)
-        meta = run_config(cfg, config, manifest, facts, paths, log=sys.stderr)
+        meta = run_config(cfg, config, manifest, facts, paths)
         print(f"{cfg}: {meta['status']}, {meta['cells_measured']} cells", flush=True)
     return 0
 

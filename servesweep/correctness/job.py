@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import aiohttp
 from servesweep.correctness import humaneval, lossless
 from servesweep.correctness.client import complete
 from servesweep.correctness.sandbox import Limits
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,13 +82,13 @@ async def _generate(server, engine, sc, settings: CorrectnessSettings, problems:
     return completions, greedy
 
 
-def run_correctness(server, engine, sc, correctness_cfg: dict | None, outputs: CorrectnessOutputs, log) -> dict:
+def run_correctness(server, engine, sc, correctness_cfg: dict | None, outputs: CorrectnessOutputs) -> dict:
     """Coding eval and greedy completions against a ready server; writes both outputs, returns a summary for meta."""
     settings = CorrectnessSettings.from_config(correctness_cfg)
     outputs.coding_eval_json.parent.mkdir(parents=True, exist_ok=True)
     reason = skip_reason(sc, settings)
     if reason:
-        print(f"[{sc.name}] correctness checks skipped: {reason}", file=log, flush=True)
+        log.info("[%s] correctness checks skipped: %s", sc.name, reason)
         outputs.coding_eval_json.write_text(json.dumps({"config": sc.name, "skipped": reason}, indent=2) + "\n")
         outputs.greedy_jsonl.write_text("")
         return {"skipped": reason}
@@ -100,8 +103,7 @@ def run_correctness(server, engine, sc, correctness_cfg: dict | None, outputs: C
     result = {"config": sc.name, "skipped": None, "max_tokens": settings.max_tokens, "timeout_s": settings.timeout_s,
               **scored}
     outputs.coding_eval_json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"[{sc.name}] coding eval: {scored['passed']}/{scored['total']} passed; sandbox network "
-          f"{scored['sandbox'].get('network')}; {len(greedy)} greedy completions for the lossless check",
-          file=log, flush=True)
+    log.info("[%s] coding eval: %d/%d passed; sandbox network %s; %d greedy completions for the lossless check",
+             sc.name, scored["passed"], scored["total"], scored["sandbox"].get("network"), len(greedy))
     return {"pass_at_1": scored["pass_at_1"], "passed": scored["passed"], "total": scored["total"],
             "greedy_prompts": len(greedy)}

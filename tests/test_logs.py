@@ -1,0 +1,28 @@
+"""servesweep.logs.configure: one call per job sends servesweep's records, stamped, and stderr to the job's log."""
+import logging
+import re
+import sys
+
+from servesweep import logs
+
+
+def test_configure_writes_stamped_records_and_stderr_to_the_log(tmp_path, monkeypatch):
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr(logging.getLogger("servesweep"), "level", logging.getLogger("servesweep").level)
+    monkeypatch.setattr(root, "level", root.level)
+    path = tmp_path / "job.log"
+    stream = logs.configure(path)
+    try:
+        logging.getLogger("servesweep.bench").info("[ar] cell measured")
+        logging.getLogger("servesweep.bench").debug("not at INFO")
+        logging.getLogger("urllib3").info("a library's chatter")
+        logging.getLogger("urllib3").warning("a library's warning")
+        print("a progress bar line", file=sys.stderr)
+    finally:
+        stream.close()
+    lines = path.read_text().splitlines()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO servesweep\.bench: \[ar\] cell measured", lines[0])
+    assert lines[1].endswith("WARNING urllib3: a library's warning")
+    assert lines[2] == "a progress bar line" and len(lines) == 3
