@@ -4,6 +4,7 @@ rule bench_config:
         # Re-checking the host or re-preparing an engine must not re-benchmark every config: order only.
         engine=lambda wc: ancient(get_engine_of(wc)),
         env=ancient(f"results/env/{HOST}.json"),
+        warm=get_warm_of,
     output:
         cells="results/runs/{cfg}/cells.csv",
         repeats="results/runs/{cfg}/repeats.csv",
@@ -32,3 +33,24 @@ rule bench_config:
         run=get_bench_params,
     script:
         "../scripts/bench_config.py"
+
+
+rule warm_host:
+    input:
+        model=lambda wc: model_manifest(warm_config(wc.engine)),
+        engine="resources/engines/{engine}.json",
+        env=ancient(f"results/env/{HOST}.json"),
+    output:
+        f"results/env/{HOST}.warm-{{engine}}.json",
+    log:
+        "logs/warm/{engine}.log",
+    benchmark:
+        "results/benchmarks/warm_host/{engine}.tsv"
+    conda:
+        "../envs/servesweep.yaml"
+    resources:
+        gpu=lambda wc: config_world_size(warm_config(wc.engine)),
+    params:
+        cfg=lambda wc: warm_config(wc.engine),
+    script:
+        "../scripts/warm_host.py"

@@ -37,8 +37,12 @@ wildcard_constraints:
 
 def get_model_of(wildcards):
     """The model manifest a config's bench job needs."""
-    model = config["server_configs"][wildcards.cfg]["model"]
-    return f"resources/models/{model}/manifest.json"
+    return model_manifest(wildcards.cfg)
+
+
+def model_manifest(cfg):
+    """The manifest of config `cfg`'s model."""
+    return f"resources/models/{config['server_configs'][cfg]['model']}/manifest.json"
 
 
 def get_source_manifests(wildcards):
@@ -68,8 +72,35 @@ def get_bench_params(wildcards):
 
 def get_gpus(wildcards):
     """Accelerators one server of this config occupies (the SLURM profile asks for this many)."""
-    entry = config["server_configs"][wildcards.cfg]
+    return config_world_size(wildcards.cfg)
+
+
+def config_world_size(cfg):
+    """Accelerators one server of config `cfg` occupies."""
+    entry = config["server_configs"][cfg]
     return get_engine(entry["engine"]).world_size(entry.get("options", {}))
+
+
+def warm_config(engine):
+    """The config that warms `engine` on this host before the bench jobs: the baseline when it runs on that engine,
+    else the first of its configs by name; None when `host.warm_start` is off or the engine's launches compile
+    nothing it keeps (a CPU engine, or configs that take no GPU)."""
+    if not config["host"]["warm_start"] or not get_engine(engine).cache_dirs():
+        return None
+    names = [c for c in SERVER_CONFIGS if config["server_configs"][c]["engine"] == engine]
+    names = [c for c in names if get_engine(engine).world_size(config["server_configs"][c].get("options", {}))]
+    if not names:
+        return None
+    return BASELINE if BASELINE in names else names[0]
+
+
+def get_warm_of(wildcards):
+    """The host warm-up a config's bench job waits for (order only: editing the warming config reruns the warm-up,
+    not every bench job), or nothing."""
+    engine = config["server_configs"][wildcards.cfg]["engine"]
+    if warm_config(engine) is None:
+        return []
+    return [ancient(f"results/env/{HOST}.warm-{engine}.json")]
 
 
 def get_slurm_setting(key, unset=None):

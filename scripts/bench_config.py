@@ -23,5 +23,7 @@ config = {
 out = snakemake.output
 paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
                  Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg).attempt_dir)
+warm = list(snakemake.input.get("warm", []))  # the host warm-up of this engine, where the sweep has one
 run_config(cfg, config, json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)), paths,
-           correctness_outputs=CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)))
+           correctness_outputs=CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)),
+           host_warmup=json.load(open(warm[0])) if warm else None)

@@ -32,6 +32,7 @@ from servesweep.lifecycle import (ServerProcess, ServerStartError, free_port, le
 from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
                                 corpus_text, run_load)
 from servesweep.slo import SLO, slos_from_config
+from servesweep.warmup import cache_growth, cache_snapshot
 from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
 
 log = logging.getLogger(__name__)
@@ -337,11 +338,12 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
 
 
 def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths,
-               correctness_outputs: CorrectnessOutputs | None = None) -> dict:
+               correctness_outputs: CorrectnessOutputs | None = None, host_warmup: dict | None = None) -> dict:
     """The whole job for one server config. Returns meta; raises after writing what was measured on failure.
 
     With ``correctness_outputs``, the coding eval and the lossless check's greedy completions follow the matrix
-    while the server is still up.
+    while the server is still up. ``host_warmup``: what the host's warm-up launch of this engine took
+    (:func:`servesweep.warmup.warm_host`), kept in meta.json for the report.
     """
     sc = ServerConfig.from_config(cfg_name, config)
     engine = get_engine(sc.engine)
@@ -356,13 +358,13 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
                                    on_wait=waiting)
     try:
         return _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine,
-                           matrix, world, gpus, lease)
+                           matrix, world, gpus, lease, host_warmup)
     finally:
         lease.release()
 
 
 def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine, matrix,
-                world, gpus, lease) -> dict:
+                world, gpus, lease, host_warmup=None) -> dict:
     """``run_config`` once the host's resources for this config are held."""
     port = free_port()
     # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
@@ -389,6 +391,11 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
     }
     meta["warnings"] += reaped
     meta["host_lease"] = {"locks": [p.name for p in lease.paths], "waited_s": lease.waited_s}
+    if host_warmup:
+        meta["host_warmup"] = host_warmup
+    # Kernels the engine compiles into its cache folders while this server starts: one-time work of the host.
+    cache_dirs = engine.cache_dirs(spec.env)
+    cache_before = cache_snapshot(cache_dirs)
     error = None
     memory_baseline = telemetry.memory_used_bytes()
     telemetry.start()
@@ -399,6 +406,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
             ready = asyncio.run(wait_until_ready(server, engine, sc, sc.ready_timeout_s))
             meta.update(ready)
             meta["ready_s"] = ready["ready_at"] - server.started_at
+            meta["startup_cache_growth_bytes"] = cache_growth(cache_before, cache_snapshot(cache_dirs))
             meta["startup_phases"] = engine.startup_phases(
                 engine.parse_log(server.log_path.read_text(errors="replace")))
             meta["first_cell_at"] = now()

@@ -20,6 +20,7 @@ from servesweep.slo import SLO
 from servesweep.speculation import speculation_status
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
 from servesweep.report_rate import closed_loop_views, rate_section
+from servesweep.warmup import describe_growth
 
 
 
@@ -520,8 +521,27 @@ def startup_section(metas: list[dict]) -> list[str]:
         if phases.get("max_running_requests") is not None:
             parts.append(f"max running requests {phases['max_running_requests']}"
                          + (" (reset by the engine)" if phases.get("max_running_requests_reset_to") else ""))
-        lines.append(text + (f". From the log: {'; '.join(parts)}." if parts else "."))
+        growth = m.get("startup_cache_growth_bytes")
+        cold = (f" This launch filled kernel caches ({describe_growth(growth)}): its ready time includes one-time "
+                "work a later launch on this host does not repeat." if growth else "")
+        lines.append(text + (f". From the log: {'; '.join(parts)}." if parts else ".") + cold)
+    warm = warmup_lines(metas)
+    if warm and len(lines) > 2:
+        lines[2:2] = warm
     return lines + [""] if len(lines) > 2 else []
+
+
+def warmup_lines(metas: list[dict]) -> list[str]:
+    """The host warm-up each engine had before the bench jobs (``host.warm_start``), from the runs' meta.json."""
+    warms = {}
+    for m in metas:
+        w = m.get("host_warmup")
+        if w:
+            warms[(w.get("engine"), w.get("config"))] = w
+    return [f"- Host warm-up: `{w['config']}` was launched once before the bench jobs (`host.warm_start`) and was "
+            f"ready after {w['ready_s']:.1f} s; the engine's kernel caches grew by "
+            f"{describe_growth(w.get('cache_growth_bytes') or {})} then. The ready times below come after it."
+            for w in warms.values()]
 
 
 def dummy_weights_note(metas: list[dict]) -> list[str]:

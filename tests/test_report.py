@@ -221,3 +221,27 @@ def test_each_engine_reports_on_its_own_configs_only():
     lines = engines_findings(df, metas)
     assert len(lines) == 1 and lines[0].startswith("- `s` never ran more than 48 requests")
     assert engines_findings(df, [{"config": "v", "engine": "vllm"}, {"config": "s", "engine": "retired"}]) == []
+
+
+def test_startup_section_shows_the_host_warm_up_and_which_launch_was_cold():
+    from servesweep.report import startup_section
+
+    def meta(name, growth=None, warm=None):
+        m = {"config": name, "start_time": 100.0, "first_cell_at": 150.0,
+             "health_transitions": [{"t": 100.0, "status": "ClientConnectorError"}, {"t": 149.0, "status": "200"}]}
+        if growth is not None:
+            m["startup_cache_growth_bytes"] = growth
+        if warm is not None:
+            m["host_warmup"] = warm
+        return m
+
+    warm = {"engine": "x", "config": "ar", "ready_s": 109.8, "cache_growth_bytes": {"/c/flashinfer": 5_500_000}}
+    lines = startup_section([meta("ar", {}, warm), meta("ngram", {"/c/triton": 2_000_000}, warm)])
+    text = "\n".join(lines)
+    assert text.count("Host warm-up") == 1
+    assert "`ar` was launched once before the bench jobs (`host.warm_start`) and was ready after 109.8 s" in text
+    assert "grew by 5.5 MB (/c/flashinfer 5.5 MB) then" in text
+    ngram = next(line for line in lines if line.startswith("- `ngram`"))
+    assert "This launch filled kernel caches (2.0 MB (/c/triton 2.0 MB))" in ngram
+    assert "filled" not in next(line for line in lines if line.startswith("- `ar`"))
+    assert lines.index(next(line for line in lines if "Host warm-up" in line)) < lines.index(ngram)

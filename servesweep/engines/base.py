@@ -86,6 +86,21 @@ class HostNeeds:
     flashinfer: bool = False
 
 
+def gpu_jit_cache_dirs(env: dict | None, *extra: str) -> list[Path]:
+    """The kernel caches of a PyTorch/Triton GPU stack (Triton, NVIDIA's PTX cache, TorchInductor), honouring the
+    variables that move them, plus ``extra`` folders (``~`` expanded)."""
+    import getpass
+    import os
+
+    env = {**os.environ, **(env or {})}
+    home = Path(env.get("HOME") or Path.home())
+    dirs = [Path(env["TRITON_CACHE_DIR"]) if env.get("TRITON_CACHE_DIR") else home / ".triton" / "cache",
+            Path(env["CUDA_CACHE_PATH"]) if env.get("CUDA_CACHE_PATH") else home / ".nv" / "ComputeCache",
+            Path(env["TORCHINDUCTOR_CACHE_DIR"]) if env.get("TORCHINDUCTOR_CACHE_DIR")
+            else Path("/tmp") / f"torchinductor_{getpass.getuser()}"]
+    return dirs + [Path(str(e).replace("~", str(home), 1)) for e in extra]
+
+
 class Engine(abc.ABC):
     """One inference server. Subclasses say what differs; defaults suit an OpenAI-compatible server.
 
@@ -201,6 +216,12 @@ class Engine(abc.ABC):
         for module in self.host_needs.modules:
             return dict(stack.get(module) or {"error": f"{module} was not probed"})
         return {"error": f"{self.label} was not prepared"}
+
+    def cache_dirs(self, env: dict | None = None) -> list[Path]:
+        """Folders where the engine's kernels are compiled or tuned on first use and kept for later launches (JIT
+        caches). A launch that fills them pays one-time work; the host warm-up and the start-up report measure their
+        growth. ``env``: the server's environment (cache locations can be moved by variables); none by default."""
+        return []
 
     def findings(self, cells, metas: list[dict]) -> list[str]:
         """Finding lines (markdown bullets) about this engine's own behaviour, from the cell table (a pandas

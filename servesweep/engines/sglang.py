@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from servesweep import promtext
-from servesweep.engines.base import Engine, HostNeeds, LaunchSpec, LogEvent, cell_label, spec_columns
+from servesweep.engines.base import (Engine, HostNeeds, LaunchSpec, LogEvent, cell_label, gpu_jit_cache_dirs,
+                                     spec_columns)
 from servesweep.numeric import mean_or_nan
 from servesweep.versions import version_tuple
 
@@ -409,6 +410,11 @@ class SGLangEngine(Engine):
 
     def speculation_requested(self, options):
         return _spec(options)
+
+    def cache_dirs(self, env=None):
+        # FlashInfer's JIT kernels and TVM-FFI's build cache: both grew only on the first launch on a host
+        # (docs/performance.md, "Packing configs onto GPUs").
+        return gpu_jit_cache_dirs(env, "~/.cache/flashinfer", "~/.cache/tvm-ffi")
 
     def needs_client_warmup(self, sc):
         return bool(sc.options.get("skip_server_warmup"))

@@ -9,7 +9,8 @@ import subprocess
 import time
 
 from servesweep import promtext
-from servesweep.engines.base import Engine, HostNeeds, LaunchSpec, LogEvent, spec_counter_columns
+from servesweep.engines.base import (Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
+                                     spec_counter_columns)
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
@@ -55,6 +56,10 @@ class VLLMEngine(Engine):
     options = OPTIONS
     positive_int_options = POSITIVE_INT_OPTIONS
     host_needs = HostNeeds(modules=("vllm",), gpu_jit=True)
+
+    def cache_dirs(self, env=None):
+        # vLLM's torch.compile and CUDA-graph caches, and FlashInfer's JIT kernels where it uses them.
+        return gpu_jit_cache_dirs(env, "~/.cache/vllm", "~/.cache/flashinfer")
 
     def engine_problems(self, sc, matrix):
         key, opts = f"server_configs.{sc.name}.options", sc.options
