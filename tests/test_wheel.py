@@ -91,6 +91,7 @@ def reduced_default() -> dict:
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["server_configs"] = {"ar": config["server_configs"]["ar"]}
     config["server_configs"]["ar"]["options"].update(parallel=1, ctx_size=1024)
+    config["server_configs"]["ar"].pop("request_rates", None)  # one closed-loop cell only
     config["matrix"].update(workloads=["synthetic"], context_lengths=[32], concurrencies=[1], output_tokens=8,
                             warmup={"seconds": 0.2, "requests_per_concurrency": 1},
                             measure={"seconds": 0.5, "requests_per_concurrency": 1, "min_requests": 2}, repeats=1)
