@@ -107,6 +107,8 @@ TABLE_FILES = {"cells": "cells.csv", "repeats": "repeats.csv", "noise": "noise.j
 def _with_keys(df: pd.DataFrame) -> pd.DataFrame:
     """Runs recorded before workloads existed measured synthetic prompts only; runs recorded before rate cells
     existed measured closed-loop cells only."""
+    if not {"workload", "load", "request_rate"} <= set(df.columns):
+        df = df.copy()  # consolidated: inserting into a frame built column by column warns and is slow
     if "workload" not in df:
         df.insert(2 if len(df.columns) >= 2 else 0, "workload", "synthetic")
     if "load" not in df:
@@ -523,6 +525,8 @@ def speedup_markdown(sp: pd.DataFrame, baseline: str) -> str:
         "per-request speedup [95 % CI]": [interval(r, "per_request_speedup") for _, r in sp.iterrows()],
         "verdict": sp["verdict"],
     })
+    if sp["request_rate"].isna().all():
+        shown = shown.drop(columns="rate req/s")  # a closed-loop-only sweep keeps its old table
     return shown.to_markdown(index=False) + "\n"
 
 
