@@ -50,6 +50,12 @@ rule warm_host:
         "../envs/servesweep.yaml"
     resources:
         gpu=lambda wc: config_world_size(warm_config(wc.engine)),
+        gpu_model=get_gpu_model,
+        runtime=get_runtime_min,
+        mem_mb=get_mem_mb,
+        cpus_per_task=get_slurm_setting("cpus_per_task"),
+        slurm_partition=get_slurm_setting("partition"),
+        slurm_account=get_slurm_setting("account"),
     params:
         cfg=lambda wc: warm_config(wc.engine),
     script:
