@@ -72,3 +72,22 @@ def test_log_stats_and_failures():
     assert time.localtime(ev[0].t).tm_hour == 13
     m = ENGINE.cell_metrics(ev, None, None, [])
     assert m["max_running_req"] == 64 and m["max_queue_req"] == 3 and m["failures"] == 1
+
+
+def test_ngram_speculative_config_as_vllm_0_26_reads_it():
+    # vllm/config/speculative.py (0.26.0): method "ngram" with prompt_lookup_min <= prompt_lookup_max, no draft model.
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert ENGINE.option_argv({"speculative_config": spec}) == [
+        "--speculative-config",
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}']
+    assert ENGINE.speculation_requested({"speculative_config": spec}) == "ngram"
+    assert ENGINE.speculation_requested({}) is None
+
+
+def test_log_stats_with_deferred_requests():
+    # vllm/v1/metrics/loggers.py (0.26.0) appends "Deferred: %d reqs" after "Waiting: %d reqs" when requests were
+    # skipped; the waiting count it prints already includes them.
+    log = ("INFO 11-30 09:01:02 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation "
+           "throughput: 512.3 tokens/s, Running: 16 reqs, Waiting: 5 reqs, Deferred: 2 reqs, GPU KV cache usage: 3.0%\n")
+    ev = ENGINE.parse_log(log)
+    assert [(e.kind, e.fields) for e in ev] == [("stats", {"running_req": 16, "queue_req": 5})]
