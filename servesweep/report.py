@@ -134,12 +134,19 @@ def slo_choice(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slo: SL
     Returns {"best": row | None, "runner_up": row | None, "margin", "lo", "hi", "verdict", "band",
     "closest": row | None, "miss": words}.
     """
+    limited = cells.drop(server_bound(cells).index)
     cells = server_bound(cells)
     meets = [slo.cell_meets(r) for r in cells.to_dict("records")]
     met = cells[[m is True for m in meets]].sort_values("output_tok_s_per_gpu", ascending=False, kind="stable")
     workload = cells["workload"].iloc[0] if "workload" in cells and len(cells) else "synthetic"
     out = {"best": None, "runner_up": None, "margin": math.nan, "lo": math.nan, "hi": math.nan,
-           "verdict": "only config", "band": _band(noise, workload), "closest": None, "miss": ""}
+           "verdict": "only config", "band": _band(noise, workload), "closest": None, "miss": "",
+           "client_bound_above": []}
+    # A client-bound cell's throughput is what the client managed, a lower bound of the server's: one that meets
+    # the target above the pick means the sweep cannot name the best config for it.
+    floor = met["output_tok_s_per_gpu"].max() if not met.empty else -math.inf
+    out["client_bound_above"] = [r for r in limited.sort_values("output_tok_s_per_gpu", ascending=False).to_dict(
+        "records") if slo.cell_meets(r) is True and r["output_tok_s_per_gpu"] > floor]
     if met.empty:
         misses = [(slo_miss(slo, r), r) for r in cells.to_dict("records")]
         misses = [(m, r) for m, r in misses if math.isfinite(m[0])]
@@ -166,6 +173,20 @@ def _money(x: float, currency: str) -> str:
 
 def choice_lines(label: str, choice: dict, cost: dict) -> list[str]:
     """The first screen's bullet for one prompt set under one target."""
+    lines = _choice_lines(label, choice, cost)
+    above = choice.get("client_bound_above") or []
+    if above:
+        unit = "GPU" if above[0].get("gpu_unit", "GPU") == "GPU" else "host"
+        cells = ", ".join(f"`{r['config']}` at {_point(r)} ({_fmt(r['output_tok_s_per_gpu'], '.0f')} tok/s per {unit})"
+                          for r in above)
+        lines[-1] += (f" **But** {cells} met the target while the client limited the pace (client-bound): the "
+                      f"figure is what the client managed, a lower bound of the server's, and it is above "
+                      + ("this pick" if choice["best"] is not None else "nothing measured server-bound")
+                      + ", so this sweep cannot name the best config for this target.")
+    return lines
+
+
+def _choice_lines(label: str, choice: dict, cost: dict) -> list[str]:
     best = choice["best"]
     if best is None:
         close = choice["closest"]
@@ -233,7 +254,8 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos:
                   "latency percentiles, mean over the repeats, within every limit) with the highest output tok/s "
                   "per GPU (mean ± 95 % half-width over the repeats; per host for a CPU engine). The margin is over "
                   "the best cell of another config that meets it, with its 95 % Fieller interval over the repeats. "
-                  "Client-bound cells are left out.", ""]
+                  "Client-bound cells are left out of the pick (the client, not the server, set their pace), and "
+                  "named where one met the target above it: its throughput is a lower bound.", ""]
     for slo in slos:
         lines += [f"**{slo.describe()}**", ""]
         for label, g in prompt_sets(cells):

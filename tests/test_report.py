@@ -112,6 +112,20 @@ def test_client_bound_cells_are_not_picked():
     cells["client_bound"] = [True, False]
     choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
     assert choice["best"]["config"] == "b" and choice["runner_up"] is None
+    # ...but a client-bound cell that met the target above the pick is a lower bound the pick cannot beat
+    assert [r["config"] for r in choice["client_bound_above"]] == ["a"]
+    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    assert ("**But** `a` at C=64 (5000 tok/s per GPU) met the target while the client limited the pace "
+            "(client-bound)") in text and "cannot name the best config for this target" in text
+
+
+def test_client_bound_cells_below_the_pick_or_missing_the_target_are_not_named():
+    cells, reps = sweep([("a", 64, 500.0, 0.1, 0.01, 1), ("c", 64, 9000.0, 0.9, 0.01, 1),
+                         ("b", 64, 1000.0, 0.1, 0.01, 1)])
+    cells["client_bound"] = [True, True, False]
+    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    assert choice["best"]["config"] == "b" and choice["client_bound_above"] == []
+    assert "**But**" not in "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
 
 
 def test_cpu_engine_is_per_host_and_gets_no_gpu_price():
