@@ -42,20 +42,11 @@ def _serve(port_out, ttft_s: float, gap_s: float) -> None:
     """The endpoint's process: serve until killed, after reporting the port it listens on."""
     from aiohttp import web
 
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fake_stream import stream_completion
+
     async def completions(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await asyncio.sleep(ttft_s)
-        n = body["max_tokens"]
-        for i in range(n):
-            chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": "length" if i == n - 1 else None}]}
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            if i < n - 1:
-                await asyncio.sleep(gap_s)
-        usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": n}}
-        await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
-        return resp
+        return await stream_completion(request, await request.json(), ttft_s, gap_s, 4)
 
     async def main() -> None:
         app = web.Application()

@@ -12,6 +12,7 @@ from conftest import loopback_app
 from servesweep import loadgen
 from servesweep.clock import now
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS, LoadSpec, is_client_bound, run_load
+from fake_stream import stream_completion
 
 TTFT_S = 0.05
 GAP_S = 0.01
@@ -20,18 +21,7 @@ TOKENS = 5
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     body = await request.json()
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    await asyncio.sleep(TTFT_S)
-    n = body["max_tokens"]
-    for i in range(n):
-        chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": "length" if i == n - 1 else None}]}
-        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        if i < n - 1:
-            await asyncio.sleep(GAP_S)
-    usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}}
-    await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
-    return resp
+    return await stream_completion(request, body, TTFT_S, GAP_S, len(body["prompt"]))
 
 
 async def _with_server(fn):

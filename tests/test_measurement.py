@@ -15,6 +15,7 @@ from conftest import loopback_app
 from servesweep import aggregate, stats
 from servesweep.loadgen import LoadSpec, Prompt, TextPrompts, WindowPlan, run_load
 from servesweep.report import anomalies, best_per_cell, significance_words
+from fake_stream import stream_completion
 
 
 def rec(send, first, gap, n, tokens_per_chunk=1, usage=None, error=None):
@@ -219,18 +220,7 @@ SENDS = web.AppKey("sends", list)
 async def _completions(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     request.app[SENDS].append(body["prompt"])
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    await asyncio.sleep(TTFT_S)
-    n = body["max_tokens"]
-    for i in range(n):
-        chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": "length" if i == n - 1 else None}]}
-        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        if i < n - 1:
-            await asyncio.sleep(GAP_S)
-    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
-    await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
-    return resp
+    return await stream_completion(request, body, TTFT_S, GAP_S, 3)
 
 
 def test_steady_state_cell_windows_and_callbacks():

@@ -17,6 +17,7 @@ from servesweep.config import ConfigError, Matrix, ServerConfig, check_config
 from servesweep.loadgen import ArrivalPlan, ArrivalSchedule, LoadSpec, Prompt, TextPrompts, WindowPlan, run_load
 from servesweep.report_rate import highest_rate_meeting, rate_section
 from servesweep.slo import SLO
+from fake_stream import stream_completion
 
 TTFT_S = 0.05
 GAP_S = 0.01
@@ -67,18 +68,7 @@ def test_bad_plan_is_refused():
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     body = await request.json()
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    await asyncio.sleep(TTFT_S)
-    n = body["max_tokens"]
-    for i in range(n):
-        chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": "length" if i == n - 1 else None}]}
-        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        if i < n - 1:
-            await asyncio.sleep(GAP_S)
-    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
-    await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
-    return resp
+    return await stream_completion(request, body, TTFT_S, GAP_S, 3)
 
 
 def _run(plan: ArrivalPlan, measure_s: float, stall_at: float | None = None, stall_s: float = 0.0):
