@@ -35,22 +35,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from servesweep.stats import mean_ci95, ratio_ci95, verdict  # noqa: E402
+from servesweep.warmup import cache_snapshot  # noqa: E402
 
 DEFAULT_CACHE_DIRS = ["~/.cache", "~/.triton", "~/.nv", "/tmp"]
 
 
 def dir_sizes(roots: list[str]) -> dict[str, int]:
-    """Bytes under each direct child of each root (``du -sb``), keyed by path."""
-    out: dict[str, int] = {}
-    for root in roots:
-        root_path = Path(os.path.expanduser(root))
-        if not root_path.is_dir():
-            continue
-        for child in sorted(root_path.iterdir()):
-            proc = subprocess.run(["du", "-sb", str(child)], capture_output=True, text=True)
-            if proc.returncode == 0 and proc.stdout.split():
-                out[str(child)] = int(proc.stdout.split()[0])
-    return out
+    """Bytes under each direct child of each root, keyed by path (``servesweep.warmup.cache_snapshot``)."""
+    children = [child for root in roots if Path(os.path.expanduser(root)).is_dir()
+                for child in sorted(Path(os.path.expanduser(root)).iterdir())]
+    return {k: v for k, v in cache_snapshot(children).items() if v is not None}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,8 +27,8 @@ from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, run_correctness
 from servesweep.engines import get_engine
-from servesweep.lifecycle import (ServerProcess, ServerStartError, free_port, lease_for_config, preflight,
-                                  refuse_busy_gpus, tail_lines, wait_until_ready)
+from servesweep.lifecycle import (ServerProcess, ServerStartError, claim_launch, lease_for_config, tail_lines,
+                                  wait_until_ready)
 from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
                                 corpus_text, run_load)
 from servesweep.slo import SLO, slos_from_config
@@ -366,12 +366,9 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
 def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine, matrix,
                 world, gpus, lease, host_warmup=None) -> dict:
     """``run_config`` once the host's resources for this config are held."""
-    port = free_port()
     # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
     # before anything is measured beside it.
-    reaped = preflight(paths.servers_dir, port, gpus)
-    refuse_busy_gpus(gpus)
-    spec = engine.launch(sc, Path(manifest["path"]), port, engine_facts)
+    spec, port, reaped = claim_launch(paths.servers_dir, gpus, engine, sc, Path(manifest["path"]), engine_facts)
     writer = CellWriter(paths.attempt_dir)
     server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,
                            records_dir=paths.servers_dir, name=cfg_name, gpus=gpus,

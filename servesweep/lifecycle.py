@@ -311,6 +311,16 @@ def refuse_busy_gpus(gpus, exclude_pids=(), wait_s: float = 15.0, nvml=None, pol
                              "CUDA_VISIBLE_DEVICES in its `env`")
 
 
+def claim_launch(records_dir: Path, gpus, engine: Engine, sc, model_path: Path, prepared: dict):
+    """Everything before a server starts, for a job holding its lease: a free port, leftovers of dead jobs reaped and
+    foreign occupants of the port or the GPUs refused (:func:`preflight`, :func:`refuse_busy_gpus`), then the
+    engine's launch spec. Returns ``(spec, port, what preflight did)``."""
+    port = free_port()
+    reaped = preflight(Path(records_dir), port, gpus)
+    refuse_busy_gpus(gpus)
+    return engine.launch(sc, Path(model_path), port, prepared), port, reaped
+
+
 class HostLease:
     """Exclusive use of this host's GPUs (one lock per GPU index) or, for a CPU engine, of its CPUs, for one job.
 
@@ -334,17 +344,34 @@ class HostLease:
         """The GPU indices this lease holds."""
         return [int(p.stem.rsplit("-gpu", 1)[1]) for p in self.paths if "-gpu" in p.stem]
 
-    def try_acquire(self) -> bool:
-        """Take every lock now, or none: False (holding nothing) when one is taken."""
+    @staticmethod
+    def _lock(path: Path, wait: bool, on_wait=None):
+        """The open lock file ``path`` with its exclusive lock taken and this pid written in it, or None when it is
+        taken and ``wait`` is false; with ``wait``, ``on_wait(path)`` is called before blocking on a taken lock."""
         import fcntl
 
-        for path in self.paths:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(path, "a+")
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
                 fh.close()
+                return None
+            if on_wait is not None:
+                on_wait(path)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        return fh
+
+    def try_acquire(self) -> bool:
+        """Take every lock now, or none: False (holding nothing) when one is taken."""
+        for path in self.paths:
+            fh = self._lock(path, wait=False)
+            if fh is None:
                 self.release()
                 return False
             self._files.append(fh)
@@ -382,23 +409,9 @@ class HostLease:
 
     def acquire(self, on_wait=None) -> "HostLease":
         """Take every lock, waiting for each; ``on_wait(path)`` is called once per lock that was taken."""
-        import fcntl
-
         t0 = time.monotonic()
         for path in self.paths:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(path, "a+")
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if on_wait is not None:
-                    on_wait(path)
-                fcntl.flock(fh, fcntl.LOCK_EX)
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"{os.getpid()}\n")
-            fh.flush()
-            self._files.append(fh)
+            self._files.append(self._lock(path, wait=True, on_wait=on_wait))
         self.waited_s = time.monotonic() - t0
         return self
 

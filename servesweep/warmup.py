@@ -71,8 +71,7 @@ def warm_host(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, o
 
     from servesweep.config import ServerConfig
     from servesweep.engines import get_engine
-    from servesweep.lifecycle import (ServerProcess, free_port, lease_for_config, preflight, refuse_busy_gpus,
-                                      wait_until_ready)
+    from servesweep.lifecycle import ServerProcess, claim_launch, lease_for_config, wait_until_ready
 
     sc = ServerConfig.from_config(cfg_name, config)
     engine = get_engine(sc.engine)
@@ -80,10 +79,7 @@ def warm_host(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, o
     lease, gpus = lease_for_config(Path(servers_dir), sc.env, world,
                                    exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False))
     try:
-        port = free_port()
-        reaped = preflight(Path(servers_dir), port, gpus)
-        refuse_busy_gpus(gpus)
-        spec = engine.launch(sc, Path(manifest["path"]), port, engine_facts)
+        spec, _port, reaped = claim_launch(servers_dir, gpus, engine, sc, Path(manifest["path"]), engine_facts)
         dirs = engine.cache_dirs(spec.env)
         before = cache_snapshot(dirs)
         with ServerProcess(spec, Path(log_path), stop_grace_s=sc.stop_grace_s, records_dir=Path(servers_dir),

@@ -17,11 +17,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from servesweep.aggregate import build_tables_in  # noqa: E402
 from servesweep.config import apply_defaults  # noqa: E402
-from servesweep.correctness.table import write_correctness_tables  # noqa: E402
-from servesweep.report import FindingsInputs, write_findings  # noqa: E402
-from servesweep.slo import slos_from_config  # noqa: E402
+from servesweep.rebuild import report_from_runs  # noqa: E402
 
 CONFIGS = ("ar", "ar-nograph", "ngram")
 
@@ -29,25 +26,8 @@ CONFIGS = ("ar", "ar-nograph", "ngram")
 def build_report(out: Path = HERE / "report", charts: bool = False) -> str:
     """Write the tables and FINDINGS.md under ``out``; return the report's text."""
     config = apply_defaults(yaml.safe_load((HERE / "config.yaml").read_text()))
-    baseline = config["baseline"]
-    out.mkdir(parents=True, exist_ok=True)
-    runs = [HERE / "runs" / c for c in CONFIGS]
-    tables = build_tables_in(runs, baseline, out, config["cost"])
-    write_correctness_tables([r / "coding_eval.json" for r in runs], [r / "greedy.jsonl" for r in runs],
-                             [r / "meta.json" for r in runs], baseline, out / "correctness.csv",
-                             out / "correctness.md")
-    if charts:
-        import pandas as pd
-
-        from servesweep.charts import write_charts
-
-        write_charts(pd.read_csv(tables.cells), pd.read_csv(tables.speedup), baseline, out)
-    inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
-                            throughput_md=tables.throughput_md, speedup=tables.speedup, speedup_md=tables.speedup_md,
-                            energy_md=tables.energy_md, correctness=out / "correctness.csv",
-                            correctness_md=out / "correctness.md", metas=[r / "meta.json" for r in runs],
-                            env_card=HERE / "pipeline" / "env" / "vm.md")
-    return write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"])
+    return report_from_runs([HERE / "runs" / c for c in CONFIGS], config, HERE / "pipeline" / "env" / "vm.md", out,
+                            charts=charts)
 
 
 def main(argv: list[str] | None = None) -> int:

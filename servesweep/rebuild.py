@@ -1,0 +1,41 @@
+"""A sweep's tables, charts and FINDINGS.md rebuilt from its bench jobs' run folders, outside Snakemake.
+
+The same library calls as the pipeline's aggregate_tables, check_lossless, plot_charts and write_findings rules; the
+recorded GPU examples regenerate their reports with it, and so can anyone holding copied run folders.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from servesweep.aggregate import build_tables_in, closed_loop
+from servesweep.correctness.table import write_correctness_tables
+from servesweep.report import FindingsInputs, write_findings
+from servesweep.slo import slos_from_config
+
+
+def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Path, charts: bool = False) -> str:
+    """Tables, correctness tables, (with ``charts``) the charts, and FINDINGS.md under ``out`` from ``run_dirs``
+    (each a ``results/runs/<cfg>`` folder) of a sweep whose config (schema defaults applied) is ``config``; the host
+    card is ``env_card``. Returns the report's text."""
+    baseline = config["baseline"]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [Path(r) for r in run_dirs]
+    tables = build_tables_in(runs, baseline, out, config["cost"])
+    write_correctness_tables([r / "coding_eval.json" for r in runs], [r / "greedy.jsonl" for r in runs],
+                             [r / "meta.json" for r in runs], baseline, out / "correctness.csv",
+                             out / "correctness.md")
+    if charts:
+        import pandas as pd
+
+        from servesweep.charts import write_charts
+
+        # As the plot_charts rule: the charts are drawn against concurrency.
+        write_charts(closed_loop(pd.read_csv(tables.cells)), closed_loop(pd.read_csv(tables.speedup)), baseline,
+                     out)
+    inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
+                            throughput_md=tables.throughput_md, speedup=tables.speedup, speedup_md=tables.speedup_md,
+                            energy_md=tables.energy_md, correctness=out / "correctness.csv",
+                            correctness_md=out / "correctness.md", metas=[r / "meta.json" for r in runs],
+                            env_card=env_card)
+    return write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"])
