@@ -572,6 +572,54 @@ def file_entries(root: Path) -> list[dict]:
     return entries
 
 
+class _BaseBundle:
+    """A bundle the target host already has (a directory, or its parts): an add-on bundle leaves out its wheels."""
+
+    def __init__(self, root: Path, manifest: dict, manifest_sha256: str, tmp: str | None):
+        self.root, self.manifest, self.manifest_sha256, self._tmp = root, manifest, manifest_sha256, tmp
+        self.name = manifest.get("name", root.name)
+        self.files = {f["name"]: f for f in manifest["files"]}
+
+    @classmethod
+    def open(cls, path: Path, keep: Path | None = None) -> "_BaseBundle":
+        """Verify the bundle at ``path`` (every part and file); parts are unpacked into ``keep`` or a temporary
+        folder."""
+        kind, where = _locate(path)
+        tmp = None
+        if kind == "parts":
+            if keep is None:
+                tmp = tempfile.mkdtemp(prefix="servesweep-base-")
+            root = join_parts(where, Path(keep or tmp))
+        else:
+            root = where
+        try:
+            manifest = verify_bundle(root)
+        except BaseException:
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if manifest.get("base"):
+            raise BundleError(f"{path} is itself an add-on to {manifest['base']['name']}: give a bundle that "
+                              "holds its own wheels as --base")
+        return cls(root, manifest, sha256_file(root / MANIFEST), tmp)
+
+    def take_shared(self, chosen: dict, wheels: Path) -> dict:
+        """Remove from ``wheels`` every chosen file the base carries byte for byte; return those packages."""
+        shared = {}
+        for name, c in chosen.items():
+            rel = f"wheels/{Path(c['path']).name}"
+            entry = self.files.get(rel)
+            if entry and entry["size"] == Path(c["path"]).stat().st_size and entry["sha256"] == sha256_file(
+                    Path(c["path"])):
+                Path(c["path"]).unlink()
+                shared[name] = c
+        return shared
+
+    def close(self) -> None:
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+
 def build(args: argparse.Namespace) -> Path:
     started = time.monotonic()
     out = Path(args.out).resolve()
@@ -608,6 +656,13 @@ def build(args: argparse.Namespace) -> Path:
     finally:
         resolver.cleanup()
 
+    base = _BaseBundle.open(Path(args.base)) if getattr(args, "base", None) else None
+    try:
+        shared = base.take_shared(resolver.chosen, wheels) if base else {}
+    finally:
+        if base:
+            base.close()
+
     engine_sdist = None
     if not args.no_llama_sdist:
         engine_sdist = fetch_llama_sdist(args.llama_cpp_python, engine_dir,
@@ -617,9 +672,12 @@ def build(args: argparse.Namespace) -> Path:
     packages = [{"name": own_meta["name"], "version": own_meta["version"], "file": f"wheels/{own.name}",
                  "kind": "wheel", "required_by": ["(built from the repository)"]}]
     for name, c in sorted(resolver.chosen.items()):
-        packages.append({"name": c["name"], "version": c["version"], "file": f"wheels/{Path(c['path']).name}",
-                         "kind": c["kind"], "build_only": bool(c.get("build_only")), "group": c.get("group"),
-                         "required_by": c["required_by"]})
+        entry = {"name": c["name"], "version": c["version"], "file": f"wheels/{Path(c['path']).name}",
+                 "kind": c["kind"], "build_only": bool(c.get("build_only")), "group": c.get("group"),
+                 "required_by": c["required_by"]}
+        if name in shared:
+            entry["in_base"] = True
+        packages.append(entry)
     sdists = sorted(p["name"] for p in packages if p["kind"] == "sdist")
     skipped = [{"name": n, **v} for n, v in sorted(resolver.skipped.items())]
     manifest = {
@@ -640,6 +698,8 @@ def build(args: argparse.Namespace) -> Path:
         # The install resolves dependencies only when the bundle holds the whole closure.
         "install_no_deps": bool(args.no_deps or skipped),
         "pip_download_calls": resolver.pip_calls,
+        "base": ({"name": base.name, "manifest_sha256": base.manifest_sha256, "packages": len(shared)}
+                 if base else None),
     }
     manifest["files"] = file_entries(tree)
     manifest["total_size"] = sum(f["size"] for f in manifest["files"])
@@ -647,7 +707,8 @@ def build(args: argparse.Namespace) -> Path:
     (tree / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
     _say(f"bundle: {len(packages)} packages ({len(sdists)} as sdists: {', '.join(sdists) or 'none'}), "
-         f"{len(skipped)} skipped, {_mib(manifest['total_size'])}")
+         f"{len(skipped)} skipped, {_mib(manifest['total_size'])}"
+         + (f"; {len(shared)} of them taken from the base bundle {base.name}, not carried" if base else ""))
     if args.split_mib:
         info = split_bundle(tree, out, args.split_mib)
         shutil.rmtree(out / ".tree")
@@ -872,13 +933,41 @@ def install(args: argparse.Namespace) -> int:
             bundle = where
         manifest = verify_bundle(bundle)
         _say(f"{bundle}: {len(manifest['files'])} files match the manifest")
-        return _install_verified(bundle, manifest, args)
+        base = _open_base_for_install(manifest, args)
+        try:
+            return _install_verified(bundle, manifest, args, base)
+        finally:
+            if base:
+                base.close()
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _install_verified(bundle: Path, manifest: dict, args: argparse.Namespace) -> int:
+def _open_base_for_install(manifest: dict, args: argparse.Namespace) -> _BaseBundle | None:
+    wanted = manifest.get("base")
+    given = getattr(args, "base", None)
+    if not wanted:
+        if given:
+            raise BundleError(f"--base {given}: this bundle ({manifest.get('name')}) carries all its wheels and "
+                              "needs no base — nothing was installed")
+        return None
+    if not given:
+        raise BundleError(f"this bundle adds to the bundle {wanted['name']!r} ({wanted['packages']} of its packages "
+                          f"are that bundle's wheels): pass --base with that bundle's directory or parts — nothing "
+                          "was installed")
+    keep = Path(args.keep_base) if getattr(args, "keep_base", None) else None
+    base = _BaseBundle.open(Path(given), keep)
+    if base.manifest_sha256 != wanted["manifest_sha256"]:
+        base.close()
+        raise BundleError(f"--base {given} is {base.name!r} with manifest sha256 {base.manifest_sha256[:12]}…, but "
+                          f"this bundle was built on {wanted['name']!r} with {wanted['manifest_sha256'][:12]}… — "
+                          "give the bundle it was built on; nothing was installed")
+    _say(f"base bundle {base.name}: {len(base.files)} files match its manifest")
+    return base
+
+
+def _install_verified(bundle: Path, manifest: dict, args: argparse.Namespace, base: _BaseBundle | None = None) -> int:
     venv = Path(args.venv).resolve() if args.venv else None
     target = Path(args.target).resolve() if args.target else None
     fresh = None
@@ -896,7 +985,8 @@ def _install_verified(bundle: Path, manifest: dict, args: argparse.Namespace) ->
     if ".".join(want.split(".")[:2]) != have:
         raise BundleError(f"the bundle is for Python {want}, this Python is {have} — nothing was installed; "
                           "build a bundle with --python-version " + have)
-    wheels = [bundle / p["file"] for p in manifest["packages"] if not p.get("build_only")]
+    wheels = [(base.root if p.get("in_base") else bundle) / p["file"] for p in manifest["packages"]
+              if not p.get("build_only")]
     no_deps = manifest.get("install_no_deps", True) if args.deps is None else not args.deps
     try:
         if venv and not venv.exists():
@@ -910,6 +1000,7 @@ def _install_verified(bundle: Path, manifest: dict, args: argparse.Namespace) ->
             fresh = target
         cmd = [python, "-m", "pip", "install", "--no-index", "--find-links", str(bundle / "wheels"),
                "--disable-pip-version-check"]
+        cmd += ["--find-links", str(base.root / "wheels")] if base else []
         cmd += ["--no-deps"] if no_deps else []
         cmd += ["--target", str(target)] if target else []
         if _run(cmd + [str(w) for w in wheels]).returncode != 0:
@@ -971,6 +1062,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--source", help="servesweep's repository (default: the one this file is in)")
     b.add_argument("--split-mib", type=float, help="write the bundle as a tar cut into parts of at most N MiB")
     b.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    b.add_argument("--base", help="a bundle the target already has (its directory or parts): build an add-on that "
+                                  "leaves out every wheel the base carries byte for byte; its install then needs "
+                                  "--base too")
     b.set_defaults(func=build)
 
     s = sub.add_parser("split", help="cut an existing bundle directory into tar parts")
@@ -996,6 +1090,8 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--no-engine-build", action="store_true", help="do not build llama-server from the sdist")
     i.add_argument("--engine-flavour", default="cpu", help="llama-server build: cpu, or cuda-<arch> such as cuda-90")
     i.add_argument("--keep-extracted", help="unpack parts into this directory and keep it (default: a temporary one)")
+    i.add_argument("--base", help="the bundle an add-on bundle was built on (its directory or parts)")
+    i.add_argument("--keep-base", help="unpack the base's parts into this directory and keep it")
     i.set_defaults(func=install)
     return ap
 
