@@ -264,3 +264,70 @@ def test_install_into_a_new_venv_and_a_target_folder(net_bundle, tmp_path):
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _installed(made / "bin" / "python", "servesweep") and _installed(made / "bin" / "python", "dateutil")
+
+
+# ------------------------------------------------------------------------------------- add-on bundles (--base)
+
+def test_an_add_on_bundle_needs_its_base_and_refuses_another(own_bundle, tmp_path):
+    """An add-on names its base by manifest sha256: installing without it, or with another bundle, installs nothing."""
+    import shutil
+
+    addon = tmp_path / "addon"
+    shutil.copytree(own_bundle, addon)
+    manifest = json.loads((addon / "manifest.json").read_text())
+    manifest["base"] = {"name": "the-base", "manifest_sha256": "0" * 64, "packages": 3}
+    (addon / "manifest.json").write_text(json.dumps(manifest))
+    target = tmp_path / "site"
+    with pytest.raises(bundle.BundleError, match=r"adds to the bundle 'the-base' \(3 of its packages.*pass --base"):
+        bundle.install(bundle._parser().parse_args(["install", str(addon), "--target", str(target),
+                                                    "--no-engine-build"]))
+    with pytest.raises(bundle.BundleError, match=r"was built on 'the-base' with 000000000000… — give the bundle"):
+        bundle.install(bundle._parser().parse_args(["install", str(addon), "--target", str(target), "--base",
+                                                    str(own_bundle), "--no-engine-build"]))
+    # a bundle that carries all its wheels refuses a --base it does not need
+    with pytest.raises(bundle.BundleError, match=r"needs no base"):
+        bundle.install(bundle._parser().parse_args(["install", str(own_bundle), "--target", str(target), "--base",
+                                                    str(addon), "--no-engine-build"]))
+    # and an add-on cannot be a base itself
+    with pytest.raises(bundle.BundleError, match=r"is itself an add-on to the-base"):
+        bundle._BaseBundle.open(addon)
+    assert not target.exists()
+
+
+def test_only_byte_identical_wheels_are_taken_from_the_base(own_bundle, tmp_path):
+    base = bundle._BaseBundle.open(own_bundle)
+    wheel = next((own_bundle / "wheels").glob("servesweep-*.whl"))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    same, changed, other = wheels / wheel.name, tmp_path / "changed" / wheel.name, wheels / "other-1.0-py3-none-any.whl"
+    same.write_bytes(wheel.read_bytes())
+    changed.parent.mkdir()
+    changed.write_bytes(wheel.read_bytes() + b"\0")
+    other.write_bytes(b"x")
+    shared = base.take_shared({"servesweep": {"path": str(same)}, "other": {"path": str(other)}}, wheels)
+    assert list(shared) == ["servesweep"] and not same.exists() and other.exists()
+    # same name, other bytes: carried
+    assert base.take_shared({"servesweep": {"path": str(changed)}}, changed.parent) == {} and changed.exists()
+
+
+@network
+def test_add_on_round_trip_takes_shared_wheels_from_the_base_parts(net_bundle, tmp_path):
+    base_parts = tmp_path / "base-parts"
+    bundle.split_bundle(net_bundle, base_parts, 0.2)
+    code = bundle.main(["build", "--out", str(tmp_path / "addon"), "--no-deps", "--no-llama-sdist", "--add",
+                        "tabulate", "--add", "python-dateutil", "--add", "idna", "--base", str(base_parts)])
+    assert code == 0
+    manifest = json.loads((tmp_path / "addon" / "manifest.json").read_text())
+    in_base = {p["name"].lower() for p in manifest["packages"] if p.get("in_base")}
+    assert {"tabulate", "python-dateutil"} <= in_base and "idna" not in in_base
+    carried = {f["name"] for f in manifest["files"]}
+    assert not any("tabulate" in f for f in carried) and any(f.startswith("wheels/idna-") for f in carried)
+    assert manifest["base"]["manifest_sha256"] == bundle.sha256_file(net_bundle / "manifest.json")
+
+    python = _fresh_venv(tmp_path / "venv")
+    proc = subprocess.run([str(python), str(tmp_path / "addon" / "bundle.py"), "install", str(tmp_path / "addon"),
+                           "--base", str(base_parts), "--no-engine-build"], capture_output=True, text=True,
+                          env=_offline_env(), timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for module in ("tabulate", "dateutil", "idna", "servesweep"):
+        assert _installed(python, module), module
