@@ -11,6 +11,8 @@ from conftest import loopback_app
 
 from servesweep import loadgen, stats
 from servesweep.clock import now
+from servesweep.config import ServerConfig
+from servesweep.engines import engine_names, get_engine
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS, LoadSpec, is_client_bound, run_load
 from fake_stream import stream_completion
 
@@ -310,3 +312,25 @@ def test_record_keeps_usage_finish_reason_and_empty_chunks():
                              + b"0\r\n\r\n")])
     assert rec["error"] is None and rec["usage_completion_tokens"] is None and rec["completion_tokens"] == 2
 
+
+def _server_config(engine: str) -> ServerConfig:
+    fmt = "gguf" if engine == "llamacpp" else "hf"
+    config = {"models": {"m": {"source": {"local": "/m"}, "format": fmt}},
+              "server_configs": {"c": {"engine": engine, "model": "m", "options": {}}}}
+    return ServerConfig.from_config("c", config)
+
+
+@pytest.mark.parametrize("engine", engine_names())
+def test_measured_streams_ask_for_special_tokens_text_where_the_engine_takes_it(engine):
+    sc, eng = _server_config(engine), get_engine(engine)
+    load = eng.load_fields(sc)
+    assert load["ignore_eos"] is True and eng.request_fields(sc).items() <= load.items()
+    if engine in ("sglang", "vllm"):
+        assert load["skip_special_tokens"] is False
+    else:
+        assert "skip_special_tokens" not in load
+    # The lossless check sends request_fields: its completions keep the server's default text.
+    assert "skip_special_tokens" not in eng.request_fields(sc)
+    _, bodies = _run_scripted([(0, _CHUNKED_HEAD + _frame(_event(" a", "length") + _USAGE) + b"0\r\n\r\n")],
+                              extra_fields=load)
+    assert {k: bodies[0][k] for k in load} == load
