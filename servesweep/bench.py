@@ -270,7 +270,7 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
         await engine.flush_cache(session, base)
     spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
                     output_tokens=matrix.output_tokens, temperature=matrix.temperature,
-                    extra_fields=engine.request_fields(sc), request_timeout_s=sc.request_timeout_s,
+                    extra_fields=engine.load_fields(sc), request_timeout_s=sc.request_timeout_s,
                     chunk_tokens=engine.chunk_tokens, label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
                     window=plan, prompt_source=source, arrivals=arrivals)
     records, columns = await measure_cell(server, engine, sc, session, spec, telemetry,

@@ -522,7 +522,9 @@ ERROR_KINDS = {
     "truncated": "the connection ended mid-body, or the event stream ended without [DONE]",
     "malformed_sse": "an event whose data is not one JSON object",
     "server_error": "an error event inside the stream",
-    "no_tokens": "a complete stream without any token",
+    "no_tokens": "a complete stream without any token, and no usage event that reports generated tokens",
+    "no_text": "a complete stream whose usage event reports generated tokens, but whose chunks carried no text for "
+               "them",
     "no_finish_reason": "a complete stream whose choices never gave a finish reason",
     "short_output": "fewer tokens than a fixed-length request (ignore_eos, min_tokens = max_tokens) asked for",
 }
@@ -568,12 +570,18 @@ async def stream_one(target: _Target, spec: LoadSpec, prompt, index: int) -> dic
     The request succeeds (``error`` None) only when its stream completed: a 200 event stream that ends with
     ``[DONE]``, gave a finish reason and at least one token, and — for a fixed-length request — as many tokens as
     it asked for. Otherwise ``error`` says what went wrong and ``error_kind`` which of :data:`ERROR_KINDS` it was;
-    what did arrive is kept.
+    what did arrive is kept. A stream without any token chunk is ``no_text`` when its usage event reports generated
+    tokens, ``no_tokens`` when it does not.
+
+    Besides the timings, the record keeps what tells such streams apart afterwards: ``finish_reason`` (None when no
+    choice gave one), ``usage_completion_tokens`` (the usage event's count, None without one; ``completion_tokens``
+    falls back to the token chunks) and ``empty_chunks`` (choices whose chunk carried no text).
     """
     payload, prompt_ids = _request_payload(spec, prompt)
     rec: dict = {"index": index, "requested_prompt_tokens": prompt_ids,
                  "requested_output_tokens": payload["max_tokens"], "send": now(), "chunks": [],
-                 "prompt_tokens": None, "completion_tokens": None, "error": None, "error_kind": None, "text": "",
+                 "prompt_tokens": None, "completion_tokens": None, "usage_completion_tokens": None,
+                 "finish_reason": None, "empty_chunks": 0, "error": None, "error_kind": None, "text": "",
                  "done": False}
     response = _StreamedResponse(target.request(json.dumps(payload).encode()), asyncio.get_running_loop(),
                                  target.read_buffer)
@@ -615,7 +623,13 @@ async def stream_one(target: _Target, spec: LoadSpec, prompt, index: int) -> dic
             _fail(rec, "not_sse", f"HTTP 200 without any event: {body[:200].decode('utf-8', 'replace')}")
         _fail(rec, "truncated", "event stream ended without [DONE]")
     if not rec["chunks"]:
-        _fail(rec, "no_tokens", "stream ended without any token")
+        reported = rec["usage_completion_tokens"]
+        if reported:
+            _fail(rec, "no_text", f"the server reports {reported} generated tokens but streamed no text for them "
+                                  f"({rec['empty_chunks']} chunks with empty text, finish reason "
+                                  f"{rec['finish_reason']!r})")
+        else:
+            _fail(rec, "no_tokens", "stream ended without any token")
     if not rec.get("finish_reason"):
         _fail(rec, "no_finish_reason", "stream ended without a finish reason")
     wanted = rec["requested_output_tokens"]
@@ -628,9 +642,10 @@ async def stream_one(target: _Target, spec: LoadSpec, prompt, index: int) -> dic
 
 
 def _read_events(rec: dict, response: _StreamedResponse, chunk_tokens: Callable[[dict], int | None]) -> bool:
-    """Fill ``rec`` from the events of a 200 response: token chunks at their arrival times, text, usage, whether
-    ``[DONE]`` came (``rec["done"]``); flag malformed events and error events. Returns whether the token count is
-    known (a usage event, or ``chunk_tokens`` counted the chunks) rather than one guessed token per chunk."""
+    """Fill ``rec`` from the events of a 200 response: token chunks at their arrival times, text, usage, the count
+    of choices with empty text, whether ``[DONE]`` came (``rec["done"]``); flag malformed events and error events.
+    Returns whether the token count is known (a usage event, or ``chunk_tokens`` counted the chunks) rather than
+    one guessed token per chunk."""
     stamps, payloads = response.events()
     rec["done"] = bool(payloads) and payloads[-1] == b"[DONE]"
     kept = [(t, p) for t, p in zip(stamps, payloads) if p != b"[DONE]"]
@@ -655,10 +670,12 @@ def _read_events(rec: dict, response: _StreamedResponse, chunk_tokens: Callable[
         usage = chunk.get("usage")
         if usage:
             rec["prompt_tokens"] = usage.get("prompt_tokens")
-            rec["completion_tokens"] = usage.get("completion_tokens")
+            rec["completion_tokens"] = rec["usage_completion_tokens"] = usage.get("completion_tokens")
             counted = counted or rec["completion_tokens"] is not None
         for choice in chunk.get("choices") or []:
             piece = choice.get("text") or ""
+            if not piece:
+                rec["empty_chunks"] += 1
             n = chunk_tokens(chunk)
             if n is None:
                 n = 1 if piece else 0

@@ -9,8 +9,10 @@ from aiohttp import web
 
 from conftest import loopback_app
 
-from servesweep import loadgen
+from servesweep import loadgen, stats
 from servesweep.clock import now
+from servesweep.config import ServerConfig
+from servesweep.engines import engine_names, get_engine
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS, LoadSpec, is_client_bound, run_load
 from fake_stream import stream_completion
 
@@ -155,8 +157,9 @@ def _run_scripted(script, **spec_kw) -> tuple[dict, list[dict]]:
         server = await asyncio.get_running_loop().create_server(lambda: _Scripted(script, bodies), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         try:
-            records, _ = await run_load(_spec(f"http://127.0.0.1:{port}", concurrency=1, prompts=[[1, 2, 3]],
-                                              output_tokens=3, **spec_kw))
+            kw = dict(concurrency=1, prompts=[[1, 2, 3]], output_tokens=3)
+            kw.update(spec_kw)
+            records, _ = await run_load(_spec(f"http://127.0.0.1:{port}", **kw))
         finally:
             server.close()
         return records[0], bodies
@@ -263,3 +266,71 @@ def test_engine_chunk_tokens_counts_each_chunk():
                            chunk_tokens=lambda chunk: len(chunk["choices"][0]["text"].split()))
     assert [n for _, n in rec["chunks"]] == [2, 2]
     assert rec["completion_tokens"] == 4 and rec["text"] == " a b c d"
+
+
+# --- a stream without token chunks: the usage event tells "no text for the tokens" from "no tokens at all"
+
+
+def _usage(completion_tokens: int) -> bytes:
+    return b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": %d}}\n\n' % completion_tokens
+
+
+_DONE = b"data: [DONE]\n\n"
+EMPTY_TEXT = _event("") + _event("") + _event("", "length")
+
+
+def test_empty_text_with_usage_tokens_is_no_text():
+    rec, _ = _run_scripted([(0, _CHUNKED_HEAD + _frame(EMPTY_TEXT + _usage(128) + _DONE) + b"0\r\n\r\n")],
+                           output_tokens=128, extra_fields={"ignore_eos": True})
+    assert rec["error_kind"] == "no_text" and rec["error_kind"] in loadgen.ERROR_KINDS
+    assert rec["error"].startswith("the server reports 128 generated tokens but streamed no text for them")
+    assert rec["done"] and rec["finish_reason"] == "length" and rec["chunks"] == [] and rec["text"] == ""
+    assert rec["completion_tokens"] == rec["usage_completion_tokens"] == 128 and rec["prompt_tokens"] == 3
+    assert rec["empty_chunks"] == 3
+    window = stats.window_stats([rec], rec["send"], rec["end"] + 1)
+    assert window["errors"] == 1 and window["error_kinds"] == "no_text:1"
+
+
+@pytest.mark.parametrize("events,empty", [(b"", 0),  # no chunk at all, only [DONE]
+                                          (EMPTY_TEXT, 3),  # empty chunks, no usage event
+                                          (EMPTY_TEXT + _usage(0), 3)],  # empty chunks, usage of 0 tokens
+                         ids=["only-done", "empty-chunks", "empty-chunks-usage-0"])
+def test_stream_without_tokens_or_reported_tokens_is_no_tokens(events, empty):
+    rec, _ = _run_scripted([(0, _CHUNKED_HEAD + _frame(events + _DONE) + b"0\r\n\r\n")])
+    assert rec["done"] and rec["error_kind"] == "no_tokens"
+    assert rec["empty_chunks"] == empty and not rec["usage_completion_tokens"]
+
+
+def test_record_keeps_usage_finish_reason_and_empty_chunks():
+    # A last chunk that only gives the finish reason is an empty chunk, not a token, and no error.
+    usage = _USAGE.replace(b'"completion_tokens": 3', b'"completion_tokens": 2')
+    rec, _ = _run_scripted([(0, _CHUNKED_HEAD + _frame(_event(" a") + _event(" b") + _event("", "stop") + usage)
+                             + b"0\r\n\r\n")])
+    assert rec["error"] is None and len(rec["chunks"]) == 2 and rec["empty_chunks"] == 1
+    assert rec["finish_reason"] == "stop" and rec["usage_completion_tokens"] == 2
+    rec, _ = _run_scripted([(0, _CHUNKED_HEAD + _frame(_event(" a") + _event(" b", "stop") + _DONE)
+                             + b"0\r\n\r\n")])
+    assert rec["error"] is None and rec["usage_completion_tokens"] is None and rec["completion_tokens"] == 2
+
+
+def _server_config(engine: str) -> ServerConfig:
+    fmt = "gguf" if engine == "llamacpp" else "hf"
+    config = {"models": {"m": {"source": {"local": "/m"}, "format": fmt}},
+              "server_configs": {"c": {"engine": engine, "model": "m", "options": {}}}}
+    return ServerConfig.from_config("c", config)
+
+
+@pytest.mark.parametrize("engine", engine_names())
+def test_measured_streams_ask_for_special_tokens_text_where_the_engine_takes_it(engine):
+    sc, eng = _server_config(engine), get_engine(engine)
+    load = eng.load_fields(sc)
+    assert load["ignore_eos"] is True and eng.request_fields(sc).items() <= load.items()
+    if engine in ("sglang", "vllm"):
+        assert load["skip_special_tokens"] is False
+    else:
+        assert "skip_special_tokens" not in load
+    # The lossless check sends request_fields: its completions keep the server's default text.
+    assert "skip_special_tokens" not in eng.request_fields(sc)
+    _, bodies = _run_scripted([(0, _CHUNKED_HEAD + _frame(_event(" a", "length") + _USAGE) + b"0\r\n\r\n")],
+                              extra_fields=load)
+    assert {k: bodies[0][k] for k in load} == load

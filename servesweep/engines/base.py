@@ -262,8 +262,13 @@ class Engine(abc.ABC):
         return False
 
     def request_fields(self, sc: ServerConfig) -> dict:
-        """Extra JSON fields for /v1/completions that force a fixed output length."""
+        """Extra JSON fields for /v1/completions that force a fixed output length (the lossless check sends these)."""
         return {"ignore_eos": True}
+
+    def load_fields(self, sc: ServerConfig) -> dict:
+        """Extra JSON fields for the load generator's streamed /v1/completions: :meth:`request_fields` plus any the
+        engine adds for measured streams only (the correctness checks do not send them)."""
+        return self.request_fields(sc)
 
     def chunk_tokens(self, chunk: dict) -> int | None:
         """Tokens carried by one streamed chunk, when the engine says; None means count one per text delta."""

@@ -475,6 +475,11 @@ class SGLangEngine(Engine):
     def request_fields(self, sc):
         return {"ignore_eos": True}
 
+    def load_fields(self, sc):
+        # CompletionRequest.skip_special_tokens (default True) leaves special tokens out of the streamed text; False
+        # streams their text too, so a chunk that holds only special tokens still carries text to the client.
+        return {**self.request_fields(sc), "skip_special_tokens": False}
+
     # --- logs and metrics --------------------------------------------------------------------------------
     def parse_log(self, text):
         return parse_sglang_log(text)

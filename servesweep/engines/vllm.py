@@ -109,6 +109,11 @@ class VLLMEngine(Engine):
         argv += self.option_argv(sc.options) + sc.extra_args
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
 
+    def load_fields(self, sc):
+        # CompletionRequest.skip_special_tokens (default True) leaves special tokens out of the streamed text; False
+        # streams their text too, so a chunk that holds only special tokens still carries text to the client.
+        return {**self.request_fields(sc), "skip_special_tokens": False}
+
     def parse_log(self, text):
         events = []
         last_t = None
