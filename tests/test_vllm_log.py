@@ -1,4 +1,4 @@
-"""vLLM log parser: start-up phases of a real 0.26.0 log, a log cut short, several ranks."""
+"""vLLM log parser: start-up phases of a real 0.26.0 log, a log cut short, several ranks, the report's Start-up line."""
 import time
 from pathlib import Path
 
@@ -98,3 +98,20 @@ def test_several_processes_and_older_spellings():
     assert phases["compile_s"] == 11.0  # from the init line: no "torch.compile took" line here
     assert "ready_at" not in phases and "kv_cache_tokens" not in phases
 
+
+def test_startup_section_shows_the_real_log_phases():
+    from servesweep.report import startup_section
+
+    # meta.json of the run: start_time 1796073045.0036 is 21:10:45.0036 on the host's clock (the clock of the log);
+    # /health refused for 115.31 s, then 200; the first cell 2.26 s later
+    start = _stamp("11-30 21:10:45") + 0.0036
+    meta = {"config": "gemma-ngram", "start_time": start, "first_cell_at": start + 117.57,
+            "health_transitions": [{"t": start + 0.002, "status": "ClientConnectorError"},
+                                   {"t": start + 115.315, "status": "200"}],
+            "startup_phases": ENGINE.startup_phases(ENGINE.parse_log(REAL_LOG))}
+    line = next(x for x in startup_section([meta]) if x.startswith("- `gemma-ngram`"))
+    assert line.startswith("- `gemma-ngram`: `/health` answered 200 after 115.3 s (ClientConnectorError for 115.3 s)")
+    assert line.endswith(
+        ". From the log: first log line 28 s after launch, the engine process's 60 s; weights 0.13 s (0.53 GB); "
+        "compile 20.98 s; KV cache 6,056,120 tokens; all CUDA-graph capture 3.0 s (backend mixed prefill-decode "
+        "piecewise, decode full); engine init 39.83 s.")
