@@ -520,7 +520,8 @@ def _first_status_at(meta: dict, status: str) -> float | None:
 
 def startup_section(metas: list[dict]) -> list[str]:
     """Per config: how long the health endpoint refused, answered not-ready and then 200, the gap from 200 to the
-    first cell, and the start-up phases read from the server log (weights, KV cache, each CUDA-graph capture)."""
+    first cell, and the start-up phases read from the server log (when its first line and the engine process's first
+    line came, weights, compile, KV cache, each CUDA-graph capture, the engine's whole init)."""
     lines = ["## Start-up", ""]
     for m in metas:
         start, ok_at = m.get("start_time"), _first_status_at(m, "200")
@@ -533,13 +534,21 @@ def startup_section(metas: list[dict]) -> list[str]:
                 "the identity check in between)")
         phases = m.get("startup_phases") or {}
         parts = []
+        if phases.get("first_log_at") is not None:
+            engine_first = phases.get("engine_first_log_at")
+            parts.append(f"first log line {phases['first_log_at'] - start:.0f} s after launch"
+                         + (f", the engine process's {engine_first - start:.0f} s" if engine_first is not None else ""))
         if phases.get("load_weights_s") is not None:
             parts.append(f"weights {phases['load_weights_s']:.2f} s ({_fmt(phases.get('weights_gb'), '.2f')} GB)")
+        if phases.get("compile_s") is not None:
+            parts.append(f"compile {phases['compile_s']:.2f} s")
         if phases.get("kv_cache_tokens") is not None:
             parts.append(f"KV cache {phases['kv_cache_tokens']:,} tokens")
         for phase, capture in (phases.get("graph_capture") or {}).items():
             parts.append(f"{phase} CUDA-graph capture {_fmt(capture.get('s'))} s"
                          + (f" (backend {capture['backend']})" if capture.get("backend") else ""))
+        if phases.get("engine_init_s") is not None:
+            parts.append(f"engine init {phases['engine_init_s']:.2f} s")
         if phases.get("max_running_requests") is not None:
             parts.append(f"max running requests {phases['max_running_requests']}"
                          + (" (reset by the engine)" if phases.get("max_running_requests_reset_to") else ""))

@@ -68,7 +68,8 @@ def test_log_stats_and_failures():
            "throughput: 900.0 tokens/s, Running: 64 reqs, Waiting: 3 reqs, GPU KV cache usage: 1.2%\n"
            "ERROR 11-29 13:57:15 [core.py:1] torch.OutOfMemoryError: CUDA out of memory.\nunrelated line\n")
     ev = ENGINE.parse_log(log)
-    assert [e.kind for e in ev] == ["stats", "failure"]
+    assert [e.kind for e in ev] == ["first_line", "stats", "failure"]
+    ev = ev[1:]
     assert time.localtime(ev[0].t).tm_hour == 13
     m = ENGINE.cell_metrics(ev, None, None, [])
     assert m["max_running_req"] == 64 and m["max_queue_req"] == 3 and m["failures"] == 1
@@ -90,4 +91,5 @@ def test_log_stats_with_deferred_requests():
     log = ("INFO 11-30 09:01:02 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation "
            "throughput: 512.3 tokens/s, Running: 16 reqs, Waiting: 5 reqs, Deferred: 2 reqs, GPU KV cache usage: 3.0%\n")
     ev = ENGINE.parse_log(log)
-    assert [(e.kind, e.fields) for e in ev] == [("stats", {"running_req": 16, "queue_req": 5})]
+    assert [(e.kind, e.fields) for e in ev] == [("first_line", {}),
+                                                ("stats", {"running_req": 16, "queue_req": 5})]

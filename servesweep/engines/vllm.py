@@ -1,4 +1,8 @@
-"""vLLM (``vllm serve``): argv, refusals, readiness, per-cell speculative metrics from differenced /metrics."""
+"""vLLM (``vllm serve``): argv, refusals, readiness, start-up phases from the log, per-cell speculative metrics from
+differenced /metrics.
+
+The log line forms follow a real 0.26.0 run kept in ``tests/data/vllm-0.26.0-h200/``.
+"""
 from __future__ import annotations
 
 import importlib.metadata
@@ -34,14 +38,64 @@ METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 
-# "INFO 11-29 13:57:14 [loggers.py:123] Engine 000: Avg prompt throughput: …, Running: 3 reqs, Waiting: 0 reqs, …"
-_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG) (\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.\d+)? (.*)$")
+# "(APIServer pid=2338) INFO 11-30 21:12:49 [loggers.py:310] Engine 000: Avg prompt throughput: …, Running: 1 reqs"
+# The process tag (APIServer, EngineCore, EngineCore_DP1, Worker_TP0, "VllmWorker rank=0") is absent in older logs.
+_TAG = re.compile(r"^\((\w+)[^()]*? pid=\d+\) ")
+_PREFIX = re.compile(r"^(?:\((\w+)[^()]*? pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG) "
+                     r"(\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.\d+)? (.*)$")
 _STATS = re.compile(r"Running: (\d+) reqs, Waiting: (\d+) reqs")
 _FAILURES = (
     ("illegal_memory_access", re.compile(r"illegal memory access", re.I)),
     ("out_of_memory", re.compile(r"out of memory|OutOfMemoryError", re.I)),
     ("capture_failed", re.compile(r"CUDA graph capture failed|capturing cuda graph failed", re.I)),
 )
+
+# Start-up milestones, as 0.26.0 writes them (older spellings where they differ: "took X seconds" for "took X s",
+# "Model loading took X GiB and" without "memory", "init engine … took X seconds" without the compilation part).
+_NUM = r"(\d+(?:\.\d+)?)"
+_STARTUP = (
+    ("weights_loaded", re.compile(rf"Loading weights took {_NUM} s"), ("s",)),
+    ("model_loaded", re.compile(rf"Model loading took {_NUM} GiB(?: memory)? and {_NUM} s"), ("gib", "s")),
+    ("compiled", re.compile(rf"torch\.compile took {_NUM} s in total"), ("s",)),
+    ("dynamo", re.compile(rf"Dynamo bytecode transform time: {_NUM} s"), ("s",)),
+    ("kv_cache_memory", re.compile(rf"Available KV cache memory: {_NUM} GiB"), ("gib",)),
+    ("kv_cache", re.compile(r"GPU KV cache size: ([\d,]+) tokens"), ("tokens",)),
+    ("graph_capture_end", re.compile(rf"Graph capturing finished in {_NUM} secs?(?:, took {_NUM} GiB)?"),
+     ("s", "gib")),
+    ("engine_init", re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUM} s"
+                               rf"(?:econds)?(?: \(compilation: {_NUM} s\))?"), ("s", "compile_s")),
+)
+# tqdm bars, unstamped: "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  10%|…" (0.26.0), "Capturing CUDA
+# graph shapes: …" (older, one kind of graph)
+_CAPTURING = re.compile(r"Capturing CUDA graph(?:s \(([^,()]+), (\w+)\)| shapes)")
+# uvicorn's own line, unstamped: "(APIServer pid=2338) INFO:     Application startup complete."
+_READY = "Application startup complete."
+
+
+def _number(name: str, text: str) -> float | int:
+    return int(text.replace(",", "")) if name == "tokens" else float(text)
+
+
+def _startup_event(msg: str) -> tuple[str, dict] | None:
+    for kind, rx, names in _STARTUP:
+        m = rx.search(msg)
+        if m:
+            return kind, {name: _number(name, v) for name, v in zip(names, m.groups()) if v is not None}
+    m = _CAPTURING.search(msg)
+    if m:
+        return "graph_capture_begin", {"mode": f"{m.group(1)} {m.group(2)}" if m.group(1) else ""}
+    if _READY in msg:
+        return "ready", {}
+    return None
+
+
+def _largest(events: list[LogEvent], kind: str, field: str, within=max) -> float | int | None:
+    """``field`` of the ``kind`` events: combined per process with ``within``, then the largest process's."""
+    per_process: dict[str, list] = {}
+    for e in events:
+        if e.kind == kind and e.fields.get(field) is not None:
+            per_process.setdefault(e.rank, []).append(e.fields[field])
+    return max((within(values) for values in per_process.values()), default=None)
 
 
 def _local_epoch(stamp: str) -> float:
@@ -115,22 +169,90 @@ class VLLMEngine(Engine):
         return {**self.request_fields(sc), "skip_special_tokens": False}
 
     def parse_log(self, text):
+        """Events of a vLLM server log: the periodic stats lines, failures and the start-up milestones.
+
+        ``t`` is the ``MM-DD HH:MM:SS`` prefix in local time; unstamped lines (uvicorn's, tqdm bars, tracebacks)
+        inherit the last stamped time. ``rank`` is the line's process tag where it has one. The first stamped line
+        of each process in ``text`` is a ``first_line`` event.
+        """
         events = []
         last_t = None
+        processes, modes = set(), set()
         for i, line in enumerate(text.splitlines()):
             m = _PREFIX.match(line)
+            tag = None if m else _TAG.match(line)
+            process = tag.group(1) if tag else ""
             if m:
-                last_t = _local_epoch(m.group(1))
-            msg = m.group(2) if m else line.strip()
+                process, last_t = m.group(1) or "", _local_epoch(m.group(2))
+                if process not in processes:
+                    processes.add(process)
+                    events.append(LogEvent("first_line", last_t, {}, i, process))
+            msg = m.group(3) if m else line.strip()
             stats = _STATS.search(msg) if m else None
             if stats:
                 events.append(LogEvent("stats", last_t, {"running_req": int(stats.group(1)),
                                                          "queue_req": int(stats.group(2))}, i))
                 continue
+            found = _startup_event(msg)
+            if found:
+                kind, fields = found
+                if kind == "graph_capture_begin":  # a tqdm bar repeats its label on every refresh
+                    if fields["mode"] in modes:
+                        continue
+                    modes.add(fields["mode"])
+                if m is None:
+                    fields["t_inherited"] = True
+                events.append(LogEvent(kind, last_t, fields, i, process))
+                continue
             kind = next((k for k, rx in _FAILURES if rx.search(msg)), None)
             if kind:
                 events.append(LogEvent("failure", last_t, {"failure": kind, "line": msg[:300]}, i))
         return events
+
+    def startup_phases(self, events):
+        """Start-up phases from the log; a key only where its line was logged.
+
+        Where several processes log a line (tensor- or data-parallel ranks), a duration is the slowest process's
+        and a size the largest; weight loading is summed within a process (a draft model loads after the target).
+        ``weights_gb`` and ``kv_cache_gb`` are vLLM's GiB figures. ``first_log_at`` is the first stamped line (what the
+        server does before it, its Python imports among it, leaves no stamp), ``engine_first_log_at`` the first
+        line of an engine-core process.
+        ``ready_at`` is uvicorn's "Application startup complete.", which has no stamp of its own: it carries the
+        last stamped line's time before it. Stamps have whole seconds.
+        """
+        out: dict = {"graph_capture": {}}
+        firsts = [e for e in events if e.kind == "first_line"]
+        if firsts:
+            out["first_log_at"] = firsts[0].t
+        engine_first = next((e.t for e in firsts if e.rank.startswith("EngineCore")), None)
+        if engine_first is not None:
+            out["engine_first_log_at"] = engine_first
+        for key, kind, field, within in (("load_weights_s", "weights_loaded", "s", sum),
+                                         ("weights_gb", "model_loaded", "gib", max),
+                                         ("model_load_s", "model_loaded", "s", max),
+                                         ("compile_s", "compiled", "s", max),
+                                         ("dynamo_s", "dynamo", "s", max),
+                                         ("kv_cache_gb", "kv_cache_memory", "gib", max),
+                                         ("kv_cache_tokens", "kv_cache", "tokens", max),
+                                         ("engine_init_s", "engine_init", "s", max)):
+            value = _largest(events, kind, field, within)
+            if value is not None:
+                out[key] = value
+        if "compile_s" not in out:  # the init line's "(compilation: X s)" where "torch.compile took" is missing
+            value = _largest(events, "engine_init", "compile_s")
+            if value is not None:
+                out["compile_s"] = value
+        modes = [e.fields["mode"] for e in events if e.kind == "graph_capture_begin"]
+        capture_s = _largest(events, "graph_capture_end", "s")
+        if capture_s is not None:
+            # one line for all the graphs; the tqdm labels say which batches were captured in which mode
+            out["graph_capture"]["all"] = {"s": capture_s, "mem_gb": _largest(events, "graph_capture_end", "gib"),
+                                           "backend": ", ".join(m.lower() for m in modes if m) or None}
+        out["graph_capture_unfinished"] = ["all"] if modes and capture_s is None else []
+        ready = next((e for e in events if e.kind == "ready"), None)
+        if ready is not None and ready.t is not None:
+            out["ready_at"] = ready.t
+        return out
 
     def cell_metrics(self, events, metrics_before, metrics_after, requests):
         d = promtext.delta(metrics_before, metrics_after)

@@ -1,0 +1,117 @@
+"""vLLM log parser: start-up phases of a real 0.26.0 log, a log cut short, several ranks, the report's Start-up line."""
+import time
+from pathlib import Path
+
+from servesweep.engines import get_engine
+
+ENGINE = get_engine("vllm")
+DATA = Path(__file__).parent / "data" / "vllm-0.26.0-h200"
+REAL_LOG = (DATA / "gemma-ngram-server.log").read_text()
+
+
+def _stamp(stamp):
+    """vLLM's ``MM-DD HH:MM:SS`` in local time, in this year (the log's prefix has none)."""
+    return time.mktime(time.strptime(f"{time.localtime().tm_year}-{stamp}", "%Y-%m-%d %H:%M:%S"))
+
+
+def _kinds(events, kind):
+    return [e for e in events if e.kind == kind]
+
+
+def test_real_0_26_0_log_startup_phases():
+    phases = ENGINE.startup_phases(ENGINE.parse_log(REAL_LOG))
+    assert phases == {
+        "first_log_at": _stamp("11-30 21:11:13"),  # the API server's banner
+        "engine_first_log_at": _stamp("11-30 21:11:45"),  # "Initializing a V1 LLM engine"
+        "load_weights_s": 0.13, "weights_gb": 0.53, "model_load_s": 0.405877,
+        "compile_s": 20.98, "dynamo_s": 5.18,
+        "kv_cache_gb": 40.38, "kv_cache_tokens": 6_056_120,
+        "graph_capture": {"all": {"s": 3.0, "mem_gb": 0.24,
+                                  "backend": "mixed prefill-decode piecewise, decode full"}},
+        "graph_capture_unfinished": [],
+        "engine_init_s": 39.83,
+        "ready_at": _stamp("11-30 21:12:39"),  # the last stamped line before uvicorn's unstamped one
+    }
+
+
+def test_real_0_26_0_log_stats_and_no_failures():
+    ev = ENGINE.parse_log(REAL_LOG)
+    assert [e.fields["running_req"] for e in _kinds(ev, "stats")] == [1, 54, 1]
+    assert _kinds(ev, "stats")[1].t == _stamp("11-30 21:12:59")
+    # neither the JIT-during-inference warning nor the SIGTERM teardown is a failure
+    assert _kinds(ev, "failure") == []
+    m = ENGINE.cell_metrics(ev, None, None, [])
+    assert m["max_running_req"] == 54 and m["max_queue_req"] == 0 and m["failures"] == 0
+    ready = _kinds(ev, "ready")
+    assert len(ready) == 1 and ready[0].rank == "APIServer" and ready[0].fields == {"t_inherited": True}
+    assert [e.fields["mode"] for e in _kinds(ev, "graph_capture_begin")] == ["mixed prefill-decode PIECEWISE",
+                                                                             "decode FULL"]
+
+
+def test_server_killed_before_its_first_log_line():
+    ev = ENGINE.parse_log((DATA / "llama-ngram-server-unfinished.log").read_text())
+    assert ev == []
+    assert ENGINE.startup_phases(ev) == {"graph_capture": {}, "graph_capture_unfinished": []}
+
+
+def test_log_cut_short_during_graph_capture():
+    lines = REAL_LOG.splitlines()
+    cut = next(i for i, line in enumerate(lines) if "Capturing CUDA graphs (decode, FULL):  16%" in line)
+    phases = ENGINE.startup_phases(ENGINE.parse_log("\n".join(lines[:cut + 1])))
+    assert phases["graph_capture"] == {} and phases["graph_capture_unfinished"] == ["all"]
+    assert phases["kv_cache_tokens"] == 6_056_120 and phases["compile_s"] == 20.98
+    assert not {"engine_init_s", "ready_at"} & phases.keys()
+
+
+def test_several_processes_and_older_spellings():
+    # data-parallel engine cores and an older vLLM's wording ("took X seconds", "GiB and", no compilation part
+    # in the init line except where given); a draft model's weights load after the target's in the same process
+    log = "\n".join([
+        "(APIServer pid=1) INFO 07-08 11:53:00 [api_server.py:1] vLLM API server version 0.x",
+        "(EngineCore_DP0 pid=20) INFO 07-08 11:53:30 [core.py:1] Initializing a V1 LLM engine",
+        "(EngineCore_DP1 pid=21) INFO 07-08 11:53:31 [core.py:1] Initializing a V1 LLM engine",
+        "(EngineCore_DP0 pid=20) INFO 07-08 11:53:40 [default_loader.py:1] Loading weights took 2.50 seconds",
+        "(EngineCore_DP0 pid=20) INFO 07-08 11:53:41 [default_loader.py:1] Loading weights took 0.50 seconds",
+        "(EngineCore_DP1 pid=21) INFO 07-08 11:53:41 [default_loader.py:1] Loading weights took 2.75 seconds",
+        "(EngineCore_DP0 pid=20) INFO 07-08 11:53:42 [gpu_model_runner.py:1] Model loading took 7.10 GiB and "
+        "4.200000 seconds",
+        "(EngineCore_DP1 pid=21) INFO 07-08 11:53:42 [gpu_model_runner.py:1] Model loading took 7.00 GiB and "
+        "3.900000 seconds",
+        "Capturing CUDA graph shapes: 100%|██████████| 35/35 [00:08<00:00,  4.10it/s]",
+        "(EngineCore_DP0 pid=20) INFO 07-08 11:54:10 [gpu_model_runner.py:1] Graph capturing finished in 8 secs, "
+        "took 0.31 GiB",
+        "(EngineCore_DP1 pid=21) INFO 07-08 11:54:12 [gpu_model_runner.py:1] Graph capturing finished in 9 secs, "
+        "took 0.30 GiB",
+        "(EngineCore_DP0 pid=20) INFO 07-08 11:54:14 [core.py:1] init engine (profile, create kv cache, warmup "
+        "model) took 29.90 s (compilation: 11.00 s)",
+        "(EngineCore_DP1 pid=21) INFO 07-08 11:54:15 [core.py:1] init engine (profile, create kv cache, warmup "
+        "model) took 31.20 seconds",
+    ])
+    phases = ENGINE.startup_phases(ENGINE.parse_log(log))
+    assert phases["first_log_at"] == _stamp("07-08 11:53:00")
+    assert phases["engine_first_log_at"] == _stamp("07-08 11:53:30")
+    assert phases["load_weights_s"] == 3.0  # DP0: 2.50 + 0.50, slower than DP1's 2.75
+    assert phases["weights_gb"] == 7.1 and phases["model_load_s"] == 4.2
+    assert phases["graph_capture"] == {"all": {"s": 9.0, "mem_gb": 0.31, "backend": None}}  # the bar names no mode
+    assert phases["graph_capture_unfinished"] == []
+    assert phases["engine_init_s"] == 31.2
+    assert phases["compile_s"] == 11.0  # from the init line: no "torch.compile took" line here
+    assert "ready_at" not in phases and "kv_cache_tokens" not in phases
+
+
+def test_startup_section_shows_the_real_log_phases():
+    from servesweep.report import startup_section
+
+    # meta.json of the run: start_time 1796073045.0036 is 21:10:45.0036 on the host's clock (the clock of the log);
+    # /health refused for 115.31 s, then 200; the first cell 2.26 s later
+    start = _stamp("11-30 21:10:45") + 0.0036
+    meta = {"config": "gemma-ngram", "start_time": start, "first_cell_at": start + 117.57,
+            "health_transitions": [{"t": start + 0.002, "status": "ClientConnectorError"},
+                                   {"t": start + 115.315, "status": "200"}],
+            "startup_phases": ENGINE.startup_phases(ENGINE.parse_log(REAL_LOG))}
+    line = next(x for x in startup_section([meta]) if x.startswith("- `gemma-ngram`"))
+    assert line.startswith("- `gemma-ngram`: `/health` answered 200 after 115.3 s (ClientConnectorError for 115.3 s)")
+    assert line.endswith(
+        ". From the log: first log line 28 s after launch, the engine process's 60 s; weights 0.13 s (0.53 GB); "
+        "compile 20.98 s; KV cache 6,056,120 tokens; all CUDA-graph capture 3.0 s (backend mixed prefill-decode "
+        "piecewise, decode full); engine init 39.83 s.")
