@@ -346,6 +346,19 @@ def slo_names(row: dict) -> list[str]:
     return [k[len("goodput_"):-len("_rps")] for k in row if k.startswith("goodput_") and k.endswith("_rps")]
 
 
+def merge_kind_counts(values: Iterable) -> str | float:
+    """``"kind:n;kind:m"`` strings of several repeats summed per kind (NaN when no repeat had any), so that a cell's
+    kinds add up to its summed ``errors``."""
+    total: dict[str, int] = {}
+    for value in values:
+        if not isinstance(value, str) or not value:
+            continue
+        for part in value.split(";"):
+            kind, _, n = part.rpartition(":")
+            total[kind] = total.get(kind, 0) + int(n)
+    return ";".join(f"{k}:{n}" for k, n in sorted(total.items())) if total else math.nan
+
+
 def combine_cell(repeats: list[dict]) -> dict:
     """One cell from its repeats: means, 95 % half-widths of the ``CI_COLUMNS``, summed counts; client-bound and
     window-capped if any repeat was. Repeats measured beside a busy neighbour are left out while any other is left
@@ -356,6 +369,7 @@ def combine_cell(repeats: list[dict]) -> dict:
     out = combine_repeats([{k: v for k, v in r.items() if k != "repeat"} for r in clean], ci,
                                     (*COUNT_COLUMNS, *(f"slo_{n}_good" for n in names)))
     out.update(pooled_attainment(clean, names))
+    out["error_kinds"] = merge_kind_counts(r.get("error_kinds") for r in clean)
     out["repeats_host_busy"] = sum(host_busy(r) for r in repeats)
     for key in ("config", "engine", *CELL_KEYS, "max_concurrency", "requested_prompt_tokens"):
         if key in repeats[0]:

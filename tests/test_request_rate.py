@@ -343,3 +343,15 @@ def test_a_low_rate_cell_ends_when_its_window_closes():
     records, client = _run(ArrivalPlan(rate=0.5, arrival="constant"), measure_s=0.3)
     assert len(records) == 2 and client["window_end"] - client["window_start"] < 2.5
     assert time.monotonic() - t < 3.2
+
+
+def test_a_cells_error_kinds_add_up_over_its_repeats():
+    """Seen on an H200: errors summed 2 + 2 + 1 = 5 while the cell's kinds showed only the first repeat's 2."""
+    rows = [{"config": "a", "engine": "e", "workload": "sharegpt", "ctx": 0, "load": "closed", "concurrency": 16,
+             "request_rate": math.nan, "repeat": k, "requests": 130, "errors": n, "error_kinds": kinds,
+             "cell_start": 0, "cell_end": 1}
+            for k, (n, kinds) in enumerate([(2, "no_tokens:2"), (2, "no_tokens:1;timeout:1"), (1, "no_tokens:1"),
+                                            (0, math.nan)])]
+    cell = stats.combine_cell(rows)
+    assert cell["errors"] == 5 and cell["error_kinds"] == "no_tokens:4;timeout:1"
+    assert math.isnan(stats.combine_cell(rows[3:])["error_kinds"])
