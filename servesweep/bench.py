@@ -25,7 +25,7 @@ from servesweep import promtext
 from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
-from servesweep.correctness.job import CorrectnessOutputs, run_correctness
+from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
 from servesweep.engines import get_engine
 from servesweep.lifecycle import (ServerProcess, ServerStartError, claim_launch, lease_for_config, tail_lines,
                                   wait_until_ready)
@@ -349,6 +349,9 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     engine = get_engine(sc.engine)
     matrix = Matrix.from_config(config["matrix"], sc.workloads, sc.request_rates)
     world = engine.world_size(sc.options)
+    if correctness_outputs is not None:
+        # the coding eval runs after the matrix: a sandbox that cannot work fails the job before the server starts
+        check_sandbox(sc, config.get("correctness"))
 
     def waiting(path: Path) -> None:
         log.info("[%s] waiting for %s: another bench job is using this host's resources", cfg_name, path.name)

@@ -68,6 +68,8 @@ def score(problems: list[dict], completions: list[dict], limits: Limits) -> dict
     counts = {o: sum(r["outcome"] == o for r in results) for o in OUTCOMES}
     return {"total": len(results), "passed": counts["passed"], "outcomes": counts,
             "pass_at_1": counts["passed"] / len(results) if results else None,
+            # a pass@1 any of whose programs ran without bwrap is labelled so wherever it is shown
+            "unsandboxed": any(r["isolation"].get("sandbox") == "unsandboxed" for r in results),
             # every run reports its isolation; they share one host, so the first speaks for all
             "sandbox": results[0]["isolation"] if results else {},
             "results": [{k: v for k, v in r.items() if k != "isolation"} for r in results]}
