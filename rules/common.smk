@@ -6,6 +6,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from servesweep.config import SCHEMA_RESOURCE, ConfigError, check_config
+from servesweep.correctness.job import coding_eval_configs
 from servesweep.engines import engine_names, get_engine
 from servesweep.envcheck import nvls_configs
 
@@ -145,8 +146,9 @@ def get_run_outputs(name):
 
 
 def get_env_needs():
-    """What the host check must verify for this sweep: engines, accelerators per server, model sizes, and the
-    configs that ask for NVLS (refused on hosts whose environment disables NVLink multicast)."""
+    """What the host check must verify for this sweep: engines, accelerators per server, model sizes, the configs
+    that ask for NVLS (refused on hosts whose environment disables NVLink multicast), and the configs that run the
+    coding eval with its sandbox setting (bwrap must work here unless it is `none`)."""
     return {
         "engines": get_engines_used(),
         "max_gpus": max(
@@ -154,6 +156,8 @@ def get_env_needs():
         ),
         "models": {m: config["models"][m] for m in get_models_used()},
         "nvls_configs": nvls_configs(config["server_configs"]),
+        "coding_eval_configs": coding_eval_configs(config),
+        "sandbox": config["correctness"]["coding_eval"]["sandbox"],
     }
 
 

@@ -25,7 +25,7 @@ from servesweep import promtext
 from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
-from servesweep.correctness.job import CorrectnessOutputs, run_correctness
+from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
 from servesweep.engines import get_engine
 from servesweep.lifecycle import (ServerProcess, ServerStartError, claim_launch, lease_for_config, tail_lines,
                                   wait_until_ready)
@@ -239,6 +239,18 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     return records, row
 
 
+class BenchJobFailed(RuntimeError):
+    """A config's job failed: at which stage, why, and where what it measured before failing is kept."""
+
+
+def failure_message(cfg_name: str, stage: str, error: BaseException, paths: JobPaths, cells: int) -> str:
+    """What a failed job says: its stage and error, then the attempt folder that keeps its measurements."""
+    return (f"config '{cfg_name}' failed {stage}: {type(error).__name__}: {error}\n"
+            f"What it measured is kept in {paths.attempt_dir}/: {cells} cell(s) in cells.csv and repeats.csv, the "
+            "requests in requests.jsonl, server.log, telemetry.csv and meta.json (with this error). The declared "
+            f"outputs in {paths.cells_csv.parent}/ are not written, so the next run measures this config again.")
+
+
 class CellServerDied(ServerStartError):
     """The server exited during a cell; ``row`` holds what the cell's requests saw."""
 
@@ -349,6 +361,9 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
     engine = get_engine(sc.engine)
     matrix = Matrix.from_config(config["matrix"], sc.workloads, sc.request_rates)
     world = engine.world_size(sc.options)
+    if correctness_outputs is not None:
+        # the coding eval runs after the matrix: a sandbox that cannot work fails the job before the server starts
+        check_sandbox(sc, config.get("correctness"))
 
     def waiting(path: Path) -> None:
         log.info("[%s] waiting for %s: another bench job is using this host's resources", cfg_name, path.name)
@@ -394,6 +409,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
     cache_dirs = engine.cache_dirs(spec.env)
     cache_before = cache_snapshot(cache_dirs)
     error = None
+    stage = "before its server was ready"
     memory_baseline = telemetry.memory_used_bytes()
     telemetry.start()
     meta["telemetry_host"] = telemetry.host_facts()
@@ -407,9 +423,11 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
             meta["startup_phases"] = engine.startup_phases(
                 engine.parse_log(server.log_path.read_text(errors="replace")))
             meta["first_cell_at"] = now()
+            stage = "while measuring its matrix"
             meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer,
                                                        slos_from_config(config)))
             if correctness_outputs is not None:
+                stage = "in its correctness checks, after its whole matrix was measured"
                 meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"),
                                                       correctness_outputs)
         meta["status"] = "ok"
@@ -429,7 +447,11 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
         meta["cells_measured"] = len(writer.cells)
         (paths.attempt_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     if error is not None:
-        raise error
+        message = failure_message(cfg_name, stage, error, paths, len(writer.cells))
+        log.error("%s", message)
+        if isinstance(error, Exception):
+            raise BenchJobFailed(message) from error
+        raise error  # an interrupt: re-raised as it came
     publish(paths, writer, meta)
     return meta
 

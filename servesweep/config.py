@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from servesweep.engines import engine_names, get_engine
+from servesweep.workloads import most_requests
 
 # The schema ships inside the package (an installed wheel has no repository to read it from).
 SCHEMA_RESOURCE = importlib.resources.files("servesweep.data") / "schema.yaml"
@@ -149,6 +150,38 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
         if len(set(values)) != len(values):
             problems.append((f"matrix.{key}", "has duplicate values", "list each value once"))
     problems += _rate_problems(matrix, configs)
+    problems += _pool_problems(matrix, configs)
+    return problems
+
+
+def _pool_problems(matrix: dict, configs: dict) -> list[tuple[str, str, str]]:
+    """``matrix.real_text.pool`` within what every real-text workload a config runs can give.
+
+    A bench job samples ``pool`` requests of each real-text workload it runs (``servesweep.bench``), and a workload
+    short of them fails that job after its server started. Only a size known without loading the data is checked
+    here: the rules and ``max_prompt_tokens`` can drop more, but that needs the served model's tokenizer, so a pool
+    within the size is left to the run to confirm.
+    """
+    pool = (matrix.get("real_text") or {}).get("pool")
+    if not isinstance(pool, int):
+        return []
+    users: dict[str, list[str]] = {}
+    for name, sc in configs.items():
+        own = sc.get("workloads") if isinstance(sc, dict) else None
+        for workload in own or matrix.get("workloads", []):
+            users.setdefault(workload, []).append(name if own else "")
+    problems = []
+    for workload, names in users.items():
+        size = most_requests(workload)
+        if size is None or pool <= size[0]:
+            continue
+        count, what = size
+        where = (["matrix.workloads"] if "" in names else []) + [f"server_configs.{n}.workloads"
+                                                                 for n in sorted(set(names) - {""})]
+        problems.append(("matrix.real_text.pool",
+                         f"asks for {pool} {workload} requests per bench job but {workload} has only {count} {what}",
+                         f"set matrix.real_text.pool to at most {count}, or remove {workload} from "
+                         f"{' and '.join(where)} (the rules and max_prompt_tokens can drop more at run time)"))
     return problems
 
 

@@ -2,9 +2,10 @@
 
 Probing and judging are separate: :func:`gather_facts` asks the host (NVML, libcuda through ctypes, ``nvcc``, a
 subprocess in the engine's Python for torch / Triton / FlashInfer / flash_attn and the modules each engine names in
-``Engine.host_needs``, each engine's ``host_version``, the disk), and each ``check_*`` turns facts into a verdict, so
-tests can drive every branch with injected facts. What an engine needs comes from the engine registry.
-A failing check that matters for the sweep's configs (``blocks``) stops the pipeline before any server starts.
+``Engine.host_needs``, each engine's ``host_version``, the disk, ``print(1)`` through the coding eval's bwrap
+sandbox), and each ``check_*`` turns facts into a verdict, so tests can drive every branch with injected facts.
+What an engine needs comes from the engine registry. A failing check that matters for the sweep's configs
+(``blocks``) stops the pipeline before any server starts.
 
 Run ``python3 -m servesweep.envcheck --card`` to print this host's card.
 """
@@ -25,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from servesweep.correctness.sandbox import ALLOW_UNSANDBOXED_ENV, NO_SANDBOX_FIX, SANDBOX_SETTING, self_test
 from servesweep.engines import all_engines, get_engine
 from servesweep.versions import version_tuple
 
@@ -313,6 +315,43 @@ def check_disk(facts: dict, needs: dict) -> dict:
     return check("disk", "ok", detail)
 
 
+def check_sandbox(facts: dict, needs: dict) -> dict:
+    """The coding eval's sandbox. Where a config runs model-written code under bwrap (``needs["sandbox"]``, the
+    config's ``correctness.coding_eval.sandbox``), the probe (``print(1)`` through the sandbox's own bwrap
+    invocation) must have worked here, or the sweep stops before any server starts; ``none`` runs the code
+    unconfined, and the card says so."""
+    probe = facts.get("sandbox")
+    configs = list(needs.get("coding_eval_configs") or [])
+    mode = needs.get("sandbox", "bwrap")
+    if probe is None:
+        return check("code_sandbox", "skipped", "the sandbox was not probed")
+    works = bool(probe.get("works"))
+    isolation = probe.get("isolation") or {}
+    here = (f"{isolation.get('sandbox', 'bwrap')} ran print(1) confined in {probe.get('seconds', 0):.2f} s "
+            f"(network {isolation.get('network')}; uid {isolation.get('uid')})" if works
+            else f"bwrap cannot confine a program on this host: {probe.get('error')}")
+    kept = {"sandbox_setting": mode, "coding_eval_configs": configs, "probe": probe}
+    if not configs:
+        return check("code_sandbox", "ok" if works else "skipped", f"no config runs the coding eval; {here}", **kept)
+    who = f"{', '.join(configs)} run{'s' if len(configs) == 1 else ''} the coding eval"
+    if mode == "none":
+        return check("code_sandbox", "warn", f"{who} with {SANDBOX_SETTING}: none: model-written code runs "
+                     f"unconfined (resource limits only) and its pass@1 is labelled 'unsandboxed'; {here}",
+                     fix=f"set {SANDBOX_SETTING}: bwrap to confine it"
+                     + ("" if works else " (after apt-get install bubblewrap)"), **kept)
+    if works:
+        return check("code_sandbox", "ok", f"{who} under bwrap: {here}", **kept)
+    if probe.get("allow_unsandboxed_env"):
+        return check("code_sandbox", "warn", f"{who} under bwrap, but {here}; {ALLOW_UNSANDBOXED_ENV}=1 is set, so "
+                     "model-written code runs unconfined and its pass@1 is labelled 'unsandboxed'",
+                     fix=NO_SANDBOX_FIX, **kept)
+    fix = NO_SANDBOX_FIX if not probe.get("bwrap") else (
+        f"make bwrap ({probe['bwrap']}) run here (its error is above), or set {SANDBOX_SETTING}: none to run "
+        "model-written code unconfined (labelled)")
+    return check("code_sandbox", "fail", f"{who} under bwrap ({SANDBOX_SETTING}: bwrap), but {here}", fix=fix,
+                 blocks=True, **kept)
+
+
 def check_engines(facts: dict, needs: dict) -> list[dict]:
     """Every engine's version; an engine the sweep uses but this host lacks blocks."""
     out = []
@@ -333,13 +372,13 @@ def check_engines(facts: dict, needs: dict) -> list[dict]:
 
 
 CHECKS = (check_python_headers, check_gpus, check_cuda_versions, check_triton, check_flashinfer, check_flash_attn,
-          check_nvlink, check_multicast, check_nvls_policy, check_disk)
+          check_nvlink, check_multicast, check_nvls_policy, check_disk, check_sandbox)
 
 
 def check_host(needs: dict, engine_facts: list[dict], manifests: list[dict], root: Path = Path("."),
                facts: dict | None = None) -> dict:
     """Run every check for this sweep (``needs``: engines used, max GPUs per server, models, configs asking for
-    NVLS); return the card's facts.
+    NVLS, configs running the coding eval and its sandbox); return the card's facts.
 
     ``facts`` replaces the host probes (see :func:`gather_facts`) so that every branch can be driven in tests.
     """
@@ -351,7 +390,9 @@ def check_host(needs: dict, engine_facts: list[dict], manifests: list[dict], roo
             # Which copy of the library the jobs import: the checkout's, or an installed wheel's.
             "servesweep_package": str(Path(__file__).resolve().parent),
             "needs": {"engines": list(needs.get("engines", [])), "max_gpus": int(needs.get("max_gpus", 0)),
-                      "nvls_configs": list(needs.get("nvls_configs") or [])},
+                      "nvls_configs": list(needs.get("nvls_configs") or []),
+                      "coding_eval_configs": list(needs.get("coding_eval_configs") or []),
+                      "sandbox": needs.get("sandbox", "bwrap")},
             "checks": checks}
 
 
@@ -390,7 +431,8 @@ def gather_facts(needs: dict, engine_facts: list[dict], manifests: list[dict], r
     return {"host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "python": probe_python_headers(), "nvml": nvml, "cuda_driver": probe_cuda_driver(),
             "nvcc": probe_nvcc(), "stack": stack, "engines": probe_engines(prepared, stack),
-            "disk": probe_disk(root, needs, manifests), "multicast_env": probe_multicast_env()}
+            "disk": probe_disk(root, needs, manifests), "multicast_env": probe_multicast_env(),
+            "sandbox": self_test()}
 
 
 def probe_multicast_env(environ=None) -> dict:

@@ -14,6 +14,7 @@ import pandas as pd
 from servesweep import stats as stats_mod
 from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT, band_for, clean_repeats, interval_text, with_unit_columns
 from servesweep.charts import CHART_FILES, ENERGY_DIR, ENERGY_FILE, has_gpu_energy
+from servesweep.correctness.table import UNSANDBOXED
 from servesweep.engines import engine_names, get_engine
 from servesweep.engines.base import cell_label
 from servesweep.slo import SLO
@@ -647,15 +648,19 @@ def charts_section(cells: pd.DataFrame) -> list[str]:
 def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> list[str]:
     """pass@1 per config, the lossless check per speculative config (flagged below 100 %) and the sandbox's
     isolation, from the correctness table."""
-    lines = ["## Correctness", "", "HumanEval pass@1 (temperature 0, completion style, answers run in a sandbox):", ""]
+    unsandboxed = set(table.loc[table["sandbox"] == UNSANDBOXED, "config"]) if "sandbox" in table else set()
+    lines = ["## Correctness", "", "HumanEval pass@1 (temperature 0, completion style, answers run in a sandbox"
+             + (" unless labelled unsandboxed" if unsandboxed else "") + "):", ""]
     for r in table.itertuples():
         if isinstance(r.skipped, str):
             lines.append(f"- `{r.config}`: skipped — {r.skipped}.")
             continue
         others = ", ".join(f"{int(n)} {what}" for n, what in ((r.failed, "failed"), (r.errors, "error"),
                                                                (r.timeouts, "timed out")) if n)
+        label = (f" — **{UNSANDBOXED}**: its answers ran with resource limits only, without bwrap's network, "
+                 "filesystem and process isolation" if r.config in unsandboxed else "")
         lines.append(f"- `{r.config}`: {100 * r.pass_at_1:.0f} % ({int(r.passed)}/{int(r.problems)} passed"
-                     f"{'; ' + others if others else ''}).")
+                     f"{'; ' + others if others else ''}){label}.")
     spec = table[table["speculative"] & (table["config"] != baseline)]
     lines += ["", "Lossless check (the same greedy fixed-length prompts, one request at a time, against "
               f"`{baseline}`):", ""]

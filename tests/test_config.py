@@ -1,7 +1,10 @@
 """Every config-validation error names the key and the fix."""
 import pytest
+import yaml
 
 from servesweep.config import ConfigError, Matrix, ServerConfig, check_config
+
+from conftest import ROOT
 
 
 def problems_of(config):
@@ -157,3 +160,45 @@ def test_server_config_view(default_config):
     sc = ServerConfig.from_config("ngram", check_config(default_config))
     assert sc.engine == "llamacpp" and sc.options["spec_type"] == "ngram-simple"
     assert sc.served_name == "gemma-3-270m"
+
+
+def gemma_sweep() -> dict:
+    return yaml.safe_load((ROOT / "config" / "h200-sglang-gemma.yaml").read_text())
+
+
+def test_a_pool_beyond_humaneval_is_refused_before_any_server_starts():
+    """A bench job samples `matrix.real_text.pool` requests of each real-text workload it runs: 256 of HumanEval's
+    164 problems failed on the GPU host after the matrix's servers had started; the config check now says so."""
+    config = gemma_sweep()
+    assert config["matrix"]["workloads"] == ["sharegpt", "humaneval"]
+    check_config(config)  # as committed: pool 160
+    del config["matrix"]["real_text"]["pool"]  # the schema's default, 256
+    problems, text = problems_of(config)
+    assert problems == [("matrix.real_text.pool", "asks for 256 humaneval requests per bench job but humaneval has "
+                         "only 164 problems", "set matrix.real_text.pool to at most 164, or remove humaneval from "
+                         "matrix.workloads (the rules and max_prompt_tokens can drop more at run time)")]
+    assert "config key `matrix.real_text.pool`" in text
+    config["matrix"]["real_text"]["pool"] = 164  # the exact size passes: only the run can count what the rules drop
+    check_config(config)
+
+
+def test_a_pool_is_checked_against_each_configs_own_workloads(default_config):
+    default_config["matrix"]["real_text"] = {"pool": 200}
+    default_config["matrix"]["workloads"] = ["synthetic"]
+    check_config(default_config)  # no real text: the pool is never sampled
+    default_config["server_configs"]["ngram"]["workloads"] = ["synthetic", "humaneval"]
+    problems, _ = problems_of(default_config)
+    assert [(key, fix) for key, _, fix in problems] == [
+        ("matrix.real_text.pool", "set matrix.real_text.pool to at most 164, or remove humaneval from "
+                                  "server_configs.ngram.workloads (the rules and max_prompt_tokens can drop more at "
+                                  "run time)")]
+    # only the configs that run a workload count: every config overriding the matrix's list leaves it unsampled
+    default_config["matrix"]["workloads"] = ["humaneval"]
+    for sc in default_config["server_configs"].values():
+        sc["workloads"] = ["synthetic"]
+    check_config(default_config)
+    default_config["matrix"]["workloads"] = ["sharegpt"]
+    default_config["matrix"]["real_text"]["pool"] = 20_000
+    del default_config["server_configs"]["ar"]["workloads"]
+    problems, _ = problems_of(default_config)
+    assert "17400 usable conversations" in problems[0][1] and "from matrix.workloads" in problems[0][2]

@@ -29,6 +29,9 @@ def h200_facts(n=8) -> dict:
         "engines": {"sglang": {"version": "0.5.5"}, "vllm": {"version": "0.11.0"},
                     "llamacpp": {"version": "version: 6000 (abc)", "binary": "/x/llama-server"}},
         "disk": {"path": "/data", "free_bytes": 2 * 10**12, "missing_model_bytes": 0},
+        "sandbox": {"bwrap": "/usr/bin/bwrap", "works": True, "allow_unsandboxed_env": False, "seconds": 0.4,
+                    "isolation": {"sandbox": "bubblewrap 0.8.0", "uid": 61000,
+                                  "network": "isolated (network namespace with only its own loopback)"}},
     }
 
 
@@ -293,3 +296,96 @@ def test_main_prints_the_card(capsys, tmp_path):
     assert envcheck.main(["--card", "--root", str(tmp_path), "--json", str(tmp_path / "env.json")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("### Host") and "| gpus |" in out and (tmp_path / "env.json").exists()
+
+
+NO_BWRAP = {"bwrap": None, "works": False, "allow_unsandboxed_env": False,
+            "error": "bwrap (bubblewrap) is not installed — fix: apt-get install bubblewrap (setup.sh does)"}
+CODING_EVAL = {**SGLANG_1, "coding_eval_configs": ["ar", "ngram"], "sandbox": "bwrap"}
+SANDBOX_FIX = ("apt-get install bubblewrap, or set correctness.coding_eval.sandbox: none to run model-written code "
+               "unconfined (labelled)")
+
+
+def test_missing_bwrap_blocks_a_sweep_that_runs_the_coding_eval():
+    f = h200_facts(1)
+    f["sandbox"] = dict(NO_BWRAP)
+    result = check_host(CODING_EVAL, [], [], facts=f)
+    c = by_name(result)["code_sandbox"]
+    assert c["status"] == "fail" and c["blocks"] and c["fix"] == SANDBOX_FIX
+    assert "ar, ngram run the coding eval" in c["detail"] and "not installed" in c["detail"]
+    with pytest.raises(RuntimeError, match="code_sandbox: .*fix: apt-get install bubblewrap, or set "
+                                           "correctness.coding_eval.sandbox: none"):
+        raise_for_blockers(result)
+    # the card and the JSON record the sandbox's state
+    assert "| code_sandbox | **fail** (blocks) |" in render_card(result)
+    assert c["facts"]["sandbox_setting"] == "bwrap" and c["facts"]["probe"]["works"] is False
+    assert result["needs"]["coding_eval_configs"] == ["ar", "ngram"] and result["needs"]["sandbox"] == "bwrap"
+
+
+def test_a_bwrap_that_cannot_run_names_itself_in_the_fix():
+    f = h200_facts(1)
+    f["sandbox"] = {**NO_BWRAP, "bwrap": "/usr/bin/bwrap",
+                    "error": "bwrap probe failed (exit 1): bwrap: No permissions to creating new namespace"}
+    c = run(f, CODING_EVAL)["code_sandbox"]
+    assert c["blocks"] and "No permissions" in c["detail"]
+    assert c["fix"].startswith("make bwrap (/usr/bin/bwrap) run here") and "sandbox: none" in c["fix"]
+
+
+def test_sandbox_none_or_the_env_override_passes_and_says_unsandboxed():
+    f = h200_facts(1)
+    f["sandbox"] = dict(NO_BWRAP)
+    chosen = run(f, {**CODING_EVAL, "sandbox": "none"})["code_sandbox"]
+    assert chosen["status"] == "warn" and not chosen["blocks"]
+    assert "'unsandboxed'" in chosen["detail"] and "sandbox: none" in chosen["detail"]
+    f["sandbox"]["allow_unsandboxed_env"] = True
+    overridden = run(f, CODING_EVAL)["code_sandbox"]
+    assert overridden["status"] == "warn" and not overridden["blocks"]
+    assert "SERVESWEEP_ALLOW_UNSANDBOXED=1 is set" in overridden["detail"]
+
+
+def test_no_coding_eval_needs_no_bwrap():
+    f = h200_facts(1)
+    f["sandbox"] = dict(NO_BWRAP)
+    c = run(f, {**SGLANG_1, "coding_eval_configs": []})["code_sandbox"]
+    assert c["status"] == "skipped" and not c["blocks"] and "no config runs the coding eval" in c["detail"]
+    assert run(h200_facts(1), CODING_EVAL)["code_sandbox"]["status"] == "ok"
+
+
+def test_sandbox_probe_runs_the_real_bwrap_and_fails_without_it(monkeypatch, tmp_path):
+    """The probe runs print(1) through the sandbox's own bwrap invocation; with no bwrap on PATH the host check fails
+    with the fix (this machine has bwrap: setup.sh installs it)."""
+    from servesweep.correctness import sandbox
+
+    monkeypatch.delenv(sandbox.ALLOW_UNSANDBOXED_ENV, raising=False)
+    sandbox.bwrap_problem.cache_clear()
+    try:
+        works = sandbox.self_test()
+        assert works["works"] and works["isolation"]["sandbox"].startswith("bubblewrap"), works
+        monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no bwrap on PATH
+        sandbox.bwrap_problem.cache_clear()
+        missing = sandbox.self_test()
+    finally:
+        monkeypatch.undo()
+        sandbox.bwrap_problem.cache_clear()
+    assert missing["works"] is False and missing["bwrap"] is None and "not installed" in missing["error"]
+    f = h200_facts(1)
+    f["sandbox"] = missing
+    c = run(f, CODING_EVAL)["code_sandbox"]
+    assert c["blocks"] and c["fix"] == SANDBOX_FIX
+    f["sandbox"] = works
+    assert run(f, CODING_EVAL)["code_sandbox"]["status"] == "ok"
+
+
+def test_sweeps_name_the_configs_that_run_the_coding_eval(default_config):
+    from servesweep.config import check_config
+    from servesweep.correctness.job import coding_eval_configs
+
+    config = check_config(default_config)
+    assert coding_eval_configs(config) == sorted(config["server_configs"])
+    assert config["correctness"]["coding_eval"]["sandbox"] == "bwrap"  # the schema's default
+    config["correctness"]["enabled"] = False
+    assert coding_eval_configs(config) == []
+    config["correctness"]["enabled"] = True
+    name = sorted(config["server_configs"])[0]
+    config["models"]["dummy"] = {**config["models"][config["server_configs"][name]["model"]], "load_format": "dummy"}
+    config["server_configs"][name]["model"] = "dummy"
+    assert name not in coding_eval_configs(config)

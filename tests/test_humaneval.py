@@ -6,15 +6,16 @@ from types import SimpleNamespace
 import pytest
 
 from servesweep.config import schema as config_schema
-from servesweep.correctness import humaneval
+from servesweep.correctness import humaneval, sandbox
 from servesweep.correctness.extract import extract
-from servesweep.correctness.job import CorrectnessOutputs, CorrectnessSettings, run_correctness, skip_reason
+from servesweep.correctness.job import (CorrectnessOutputs, CorrectnessSettings, limits_for, run_correctness,
+                                        skip_reason)
 from servesweep.correctness.sandbox import Limits
 
 
 def test_all_164_problems_load_with_prompt_tests_and_entry_point():
     problems = humaneval.all_problems()
-    assert len(problems) == 164
+    assert len(problems) == 164 == humaneval.PROBLEM_COUNT  # the count the config check uses without loading them
     for p in problems.values():
         assert p["entry_point"] in p["prompt"] and "def check(candidate)" in p["test"]
 
@@ -55,7 +56,17 @@ def test_scoring_gives_each_outcome_and_pass_at_1():
                         "HumanEval/45": "timeout", "HumanEval/53": "passed"}
     assert scored["passed"] == 2 and scored["total"] == 5 and scored["pass_at_1"] == pytest.approx(0.4)
     assert scored["outcomes"] == {"passed": 2, "failed": 1, "error": 1, "timeout": 1}
-    assert "network" in scored["sandbox"]
+    assert "network" in scored["sandbox"] and scored["unsandboxed"] is False
+
+
+def test_sandbox_none_scores_the_same_answers_labelled_unsandboxed():
+    problems = humaneval.select_problems(2)
+    answers = {p["task_id"]: p["canonical_solution"] for p in problems}
+    completions = asyncio.run(humaneval.generate(fake_source(answers), problems))
+    settings = CorrectnessSettings.from_config({"coding_eval": {"timeout_s": 2, "sandbox": "none"}})
+    scored = humaneval.score(problems, completions, limits_for(settings))
+    assert scored["passed"] == 2 and scored["unsandboxed"] is True
+    assert scored["sandbox"]["sandbox"] == "unsandboxed"
 
 
 def test_every_canonical_solution_survives_extraction():
@@ -72,8 +83,10 @@ def test_settings_defaults_match_the_schema():
     defaults = CorrectnessSettings.from_config({})
     assert defaults.enabled == schema["enabled"]["default"]
     coding, check = schema["coding_eval"]["properties"], schema["lossless"]["properties"]
-    assert (defaults.problems, defaults.max_tokens, defaults.timeout_s) == (
-        coding["problems"]["default"], coding["max_tokens"]["default"], coding["timeout_s"]["default"])
+    assert (defaults.problems, defaults.max_tokens, defaults.timeout_s, defaults.sandbox) == (
+        coding["problems"]["default"], coding["max_tokens"]["default"], coding["timeout_s"]["default"],
+        coding["sandbox"]["default"])
+    assert coding["sandbox"]["enum"] == list(sandbox.SANDBOX_MODES) and coding["sandbox"]["description"]
     assert (defaults.lossless_prompts, defaults.lossless_output_tokens) == (
         check["prompts"]["default"], check["output_tokens"]["default"])
 

@@ -89,14 +89,15 @@ def test_generate_sends_the_same_prompts_in_order_and_records_failures():
 
 
 def write_run(root, cfg, *, labels, options=None, greedy=(), passed=3, total=5, skipped=None,
-              network="isolated (empty network namespace)"):
+              network="isolated (empty network namespace)", sandbox="bubblewrap 0.8.0"):
     run = root / "runs" / cfg
     run.mkdir(parents=True)
     (run / "meta.json").write_text(json.dumps({"config": cfg, "labels": labels, "options": options or {}}))
     coding = {"config": cfg, "skipped": skipped} if skipped else {
         "config": cfg, "skipped": None, "total": total, "passed": passed, "pass_at_1": passed / total,
         "outcomes": {"passed": passed, "failed": total - passed, "error": 0, "timeout": 0},
-        "sandbox": {"network": network, "filesystem": "read-only except the work dir (mount namespace)"}}
+        "sandbox": {"sandbox": sandbox, "network": network,
+                    "filesystem": "read-only except the work dir (mount namespace)"}}
     (run / "coding_eval.json").write_text(json.dumps(coding))
     (run / "greedy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in greedy))
     return [run / "coding_eval.json", run / "greedy.jsonl", run / "meta.json"]
@@ -143,3 +144,19 @@ def test_report_section_flags_divergence_and_missing_network_isolation(tmp_path)
     text = "\n".join(correctness_section(pd.read_csv(csv), md.read_text(), "ar"))
     assert "`ngram`: **below 100 %** — 75 % of 4 completions identical; first divergence at token 1." in text
     assert "**Network isolation was not in force**" in text
+
+
+def test_an_unsandboxed_pass_at_1_is_labelled_in_the_table_and_the_report(tmp_path):
+    base = [record(i, [1, 2, 3, 4]) for i in range(2)]
+    runs = [write_run(tmp_path, "ar", labels={"speculative": "none"}, greedy=base),
+            write_run(tmp_path, "ngram", labels={"speculative": "ngram"}, greedy=base, passed=2, sandbox="unsandboxed",
+                      network="not isolated: unsandboxed run")]
+    coding, greedy, meta = [[r[i] for r in runs] for i in range(3)]
+    csv, md = tmp_path / "correctness.csv", tmp_path / "correctness.md"
+    write_correctness_tables(coding, greedy, meta, "ar", csv, md)
+    table = pd.read_csv(csv).set_index("config")
+    assert table.loc["ngram", "sandbox"] == "unsandboxed" and table.loc["ar", "sandbox"] == "bubblewrap 0.8.0"
+    assert "40 % (2/5), **unsandboxed**" in md.read_text() and "60 % (3/5) " in md.read_text()
+    text = "\n".join(correctness_section(pd.read_csv(csv), md.read_text(), "ar"))
+    assert "- `ngram`: 40 % (2/5 passed; 3 failed) — **unsandboxed**: its answers ran with resource limits" in text
+    assert "- `ar`: 60 % (3/5 passed; 2 failed)." in text and "unless labelled unsandboxed" in text

@@ -214,7 +214,8 @@ def test_editing_one_config_reruns_only_that_config(workdir):
 
 
 @pytest.mark.parametrize("sweep, configs", [("config/kimi-k26-8gpu.yaml", 10), ("config/2xh200-moe.yaml", 4),
-                                            ("config/h200-sglang.yaml", 3), ("config/8xh200-kimi-shape.yaml", 7)])
+                                            ("config/h200-sglang.yaml", 3), ("config/8xh200-kimi-shape.yaml", 7),
+                                            ("config/h200-sglang-gemma.yaml", 2)])
 def test_gpu_sweeps_plan_on_a_machine_without_gpus(tmp_path, sweep, configs):
     wd = copy_tree(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "report", "--cores", "1", f"--configfile={sweep}"],
@@ -222,3 +223,18 @@ def test_gpu_sweeps_plan_on_a_machine_without_gpus(tmp_path, sweep, configs):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rules = [r for r, _ in planned_jobs(proc.stdout)]
     assert rules.count("bench_config") == configs
+
+
+def test_a_dry_run_refuses_a_pool_beyond_humaneval(tmp_path):
+    """The sweep that failed on the GPU host after its servers had started (real_text.pool left at 256 with
+    humaneval's 164 problems) now stops at `snakemake -n`, naming the key and the fix."""
+    wd = copy_tree(tmp_path)
+    sweep = yaml.safe_load((ROOT / "config" / "h200-sglang-gemma.yaml").read_text())
+    del sweep["matrix"]["real_text"]["pool"]
+    (wd / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "report", "--cores", "1",
+                           "--configfile=sweep.yaml"], cwd=wd, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert ("config key `matrix.real_text.pool`: asks for 256 humaneval requests per bench job but humaneval has "
+            "only 164 problems — fix: set matrix.real_text.pool to at most 164") in output, output[-3000:]

@@ -162,6 +162,35 @@ def test_without_bwrap_it_refuses_unless_allowed(monkeypatch):
         "unsandboxed"
 
 
+def test_refusal_names_the_config_key_that_opts_out(monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
+    monkeypatch.delenv(sandbox.ALLOW_UNSANDBOXED_ENV, raising=False)
+    with pytest.raises(sandbox.SandboxUnavailable, match="set correctness.coding_eval.sandbox: none"):
+        run_program("print(1)\n", QUICK)
+
+
+def test_sandbox_none_runs_unconfined_even_where_bwrap_works():
+    """The config's explicit opt-out: no bwrap at all (this machine has a working one), the limits still bind, and
+    the result is labelled unsandboxed with the key that chose it."""
+    assert sandbox.bwrap_problem() is None
+    none = Limits(timeout_s=2, cpu_s=5, sandbox="none")
+    result = run_tests("def double(x):\n    return 2 * x\n" + CHECK, "double", none)
+    assert result["outcome"] == "passed"
+    assert result["isolation"]["sandbox"] == "unsandboxed" and not result["isolation"]["pid_namespace"]
+    assert "correctness.coding_eval.sandbox is none" in result["isolation"]["reason"]
+    assert run_tests("def double(x):\n    while True:\n        pass\n" + CHECK, "double", none)["outcome"] == "timeout"
+    with pytest.raises(ValueError, match="correctness.coding_eval.sandbox: 'docker' is not a sandbox"):
+        Limits(sandbox="docker")
+
+
+def test_self_test_never_runs_unconfined(monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
+    monkeypatch.setenv(sandbox.ALLOW_UNSANDBOXED_ENV, "1")
+    probe = sandbox.self_test()
+    assert probe["works"] is False and probe["allow_unsandboxed_env"] is True and "not installed" in probe["error"]
+    assert "isolation" not in probe
+
+
 def test_environment_is_scrubbed_and_cwd_is_a_fresh_temp_dir(monkeypatch):
     monkeypatch.setenv("SERVESWEEP_SECRET_TOKEN", "do-not-leak")
     result = run_program("import os\nprint(sorted(os.environ))\nprint(os.getcwd())\nprint(os.listdir('.'))\n", QUICK)

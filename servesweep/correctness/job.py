@@ -13,9 +13,10 @@ from pathlib import Path
 
 import aiohttp
 
+from servesweep.config import ServerConfig
 from servesweep.correctness import humaneval, lossless
 from servesweep.correctness.client import complete
-from servesweep.correctness.sandbox import Limits
+from servesweep.correctness.sandbox import NO_SANDBOX_FIX, Limits, SandboxUnavailable, self_test
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ class CorrectnessSettings:
     problems: int | tuple[str, ...] = 5
     max_tokens: int = 384
     timeout_s: float = 10.0
+    sandbox: str = "bwrap"
     lossless_prompts: int = 8
     lossless_output_tokens: int = 64
 
@@ -41,6 +43,7 @@ class CorrectnessSettings:
                    problems=problems if isinstance(problems, int) else tuple(problems),
                    max_tokens=int(coding.get("max_tokens", cls.max_tokens)),
                    timeout_s=float(coding.get("timeout_s", cls.timeout_s)),
+                   sandbox=str(coding.get("sandbox", cls.sandbox)),
                    lossless_prompts=int(check.get("prompts", cls.lossless_prompts)),
                    lossless_output_tokens=int(check.get("output_tokens", cls.lossless_output_tokens)))
 
@@ -61,6 +64,31 @@ def skip_reason(sc, settings: CorrectnessSettings) -> str | None:
         return (f"model `{sc.model_name}` has load_format: dummy (random weights), so its answers carry no "
                 "meaning")
     return None
+
+
+def coding_eval_configs(config: dict) -> list[str]:
+    """The server configs of a validated config whose bench jobs run the coding eval (model-written code)."""
+    settings = CorrectnessSettings.from_config(config.get("correctness"))
+    return sorted(name for name in config["server_configs"]
+                  if skip_reason(ServerConfig.from_config(name, config), settings) is None)
+
+
+def limits_for(settings: CorrectnessSettings) -> Limits:
+    """The sandbox limits of one coding-eval program."""
+    return Limits(timeout_s=settings.timeout_s, cpu_s=max(1, int(settings.timeout_s)), sandbox=settings.sandbox)
+
+
+def check_sandbox(sc, correctness_cfg: dict | None) -> None:
+    """Before the server starts: raise :class:`SandboxUnavailable` with the fix when this config runs the coding eval
+    in bwrap and bwrap cannot confine a program here (the host check says so first; this catches a bench job on
+    another host, or a bwrap removed since)."""
+    settings = CorrectnessSettings.from_config(correctness_cfg)
+    if skip_reason(sc, settings) is not None or settings.sandbox == "none":
+        return
+    probe = self_test()
+    if not probe["works"] and not probe["allow_unsandboxed_env"]:
+        raise SandboxUnavailable(f"config '{sc.name}' runs the coding eval, whose model-written code needs bwrap: "
+                                 f"{probe['error']} — fix: {NO_SANDBOX_FIX}")
 
 
 async def _generate(server, engine, sc, settings: CorrectnessSettings, problems: list[dict]):
@@ -98,12 +126,12 @@ def run_correctness(server, engine, sc, correctness_cfg: dict | None, outputs: C
     with open(outputs.greedy_jsonl, "w") as fh:
         for record in greedy:
             fh.write(json.dumps(record) + "\n")
-    limits = Limits(timeout_s=settings.timeout_s, cpu_s=max(1, int(settings.timeout_s)))
-    scored = humaneval.score(problems, completions, limits)
+    scored = humaneval.score(problems, completions, limits_for(settings))
     result = {"config": sc.name, "skipped": None, "max_tokens": settings.max_tokens, "timeout_s": settings.timeout_s,
-              **scored}
+              "sandbox_setting": settings.sandbox, **scored}
     outputs.coding_eval_json.write_text(json.dumps(result, indent=2) + "\n")
-    log.info("[%s] coding eval: %d/%d passed; sandbox network %s; %d greedy completions for the lossless check",
-             sc.name, scored["passed"], scored["total"], scored["sandbox"].get("network"), len(greedy))
+    log.info("[%s] coding eval: %d/%d passed%s; sandbox network %s; %d greedy completions for the lossless check",
+             sc.name, scored["passed"], scored["total"], " (unsandboxed)" if scored["unsandboxed"] else "",
+             scored["sandbox"].get("network"), len(greedy))
     return {"pass_at_1": scored["pass_at_1"], "passed": scored["passed"], "total": scored["total"],
-            "greedy_prompts": len(greedy)}
+            "unsandboxed": scored["unsandboxed"], "greedy_prompts": len(greedy)}

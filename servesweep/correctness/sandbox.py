@@ -22,7 +22,11 @@ runs the program instead (standard library only, ``-I``); the isolation facts na
 No bwrap, or a bwrap that cannot create its namespaces here: :class:`SandboxUnavailable` is raised with the
 reason — never a silent fallback. With ``Limits(allow_unsandboxed=True)`` or ``SERVESWEEP_ALLOW_UNSANDBOXED=1``
 the program runs with the limits, the scrubbed environment and the temp dir only, and every result says
-``"sandbox": "unsandboxed"`` and which isolation is missing.
+``"sandbox": "unsandboxed"`` and which isolation is missing. ``Limits(sandbox="none")`` (the config's
+``correctness.coding_eval.sandbox: none``) runs every program that way, bwrap or not, labelled alike.
+
+:func:`self_test` runs ``print(1)`` exactly as a program of the coding eval runs: the host check's probe, so that
+a host where the sandbox cannot work fails before any server starts.
 """
 from __future__ import annotations
 
@@ -44,6 +48,12 @@ from pathlib import Path
 SANDBOX_UID_BASE = 61000
 SANDBOX_UID_SPAN = 4000
 ALLOW_UNSANDBOXED_ENV = "SERVESWEEP_ALLOW_UNSANDBOXED"
+# The config key that chooses the sandbox (``bwrap`` or ``none``), named in errors and in the isolation facts.
+SANDBOX_SETTING = "correctness.coding_eval.sandbox"
+SANDBOX_MODES = ("bwrap", "none")
+# What to do where bwrap cannot confine the programs: the host check's fix and the refusal's.
+NO_SANDBOX_FIX = (f"apt-get install bubblewrap, or set {SANDBOX_SETTING}: none to run model-written code unconfined "
+                  "(labelled)")
 SYSTEM_PYTHON = "/usr/bin/python3"
 # Exit codes of the test harness, told apart from the program's own crashes.
 EXIT_TESTS_FAILED = 3
@@ -71,7 +81,8 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits for one sandboxed run, and whether to run unconfined (labelled) when bwrap is unusable."""
+    """Resource limits for one sandboxed run, and whether to run unconfined (labelled): always (``sandbox="none"``)
+    or only where bwrap is unusable (``allow_unsandboxed``)."""
 
     timeout_s: float = 10.0
     cpu_s: int = 10
@@ -80,6 +91,12 @@ class Limits:
     open_files: int = 64
     processes: int = 16
     allow_unsandboxed: bool = False
+    sandbox: str = "bwrap"
+
+    def __post_init__(self):
+        if self.sandbox not in SANDBOX_MODES:
+            raise ValueError(f"{SANDBOX_SETTING}: {self.sandbox!r} is not a sandbox — fix: use "
+                             f"{' or '.join(SANDBOX_MODES)}")
 
 
 @dataclass
@@ -239,11 +256,15 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
 
     Raises :class:`SandboxUnavailable` when bwrap cannot run here and ``limits`` does not allow running unsandboxed.
     """
-    problem = bwrap_problem()
-    if problem and not _allow_unsandboxed(limits):
+    if limits.sandbox == "none":
+        problem = f"{SANDBOX_SETTING} is none: the config chose to run model-written code without bwrap"
+    else:
+        problem = bwrap_problem()
+    if problem and limits.sandbox != "none" and not _allow_unsandboxed(limits):
         raise SandboxUnavailable(
             f"cannot sandbox model-written code: {problem}. Refusing to run it unconfined — to run it anyway, "
-            f"labelled 'unsandboxed', set {ALLOW_UNSANDBOXED_ENV}=1 (or Limits(allow_unsandboxed=True))")
+            f"labelled 'unsandboxed', set {SANDBOX_SETTING}: none (or {ALLOW_UNSANDBOXED_ENV}=1, or "
+            "Limits(allow_unsandboxed=True))")
     root = Path(tempfile.mkdtemp(prefix="servesweep-sandbox-")).resolve()
     try:
         root.chmod(0o755)
@@ -306,6 +327,33 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
                              stdout=_tail(out_path), stderr=_tail(err_path), isolation=isolation)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def self_test(timeout_s: float = 15.0) -> dict:
+    """Run ``print(1)`` through bwrap exactly as :func:`run_program` runs a program of the coding eval.
+
+    Returns ``works`` (the program ran confined and printed 1), ``bwrap`` (its path, or None), ``error`` (why it did
+    not work), ``isolation`` and ``seconds``, and ``allow_unsandboxed_env`` (whether
+    ``SERVESWEEP_ALLOW_UNSANDBOXED`` is set in this environment). Never raises, and never runs the program unconfined.
+    """
+    out = {"bwrap": shutil.which("bwrap"), "works": False,
+           "allow_unsandboxed_env": _allow_unsandboxed(Limits())}
+    problem = bwrap_problem()
+    if problem:
+        return {**out, "error": problem}
+    t0 = time.monotonic()
+    try:
+        result = run_program("print(1)\n", Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s))))
+    except (SandboxUnavailable, RuntimeError, OSError) as exc:
+        return {**out, "error": f"{type(exc).__name__}: {exc}"}
+    out.update(isolation=result.isolation, seconds=round(time.monotonic() - t0, 3))
+    if result.isolation.get("sandbox") == "unsandboxed":  # bwrap_problem changed its answer in between
+        return {**out, "error": result.isolation.get("reason", "ran unsandboxed")}
+    if result.timed_out or result.returncode != 0 or result.stdout.strip() != "1":
+        what = ("timed out" if result.timed_out else f"exit {result.returncode}, signal {result.signal}, "
+                f"stdout {result.stdout.strip()[-100:]!r}")
+        return {**out, "error": f"print(1) in the sandbox failed ({what}): {result.stderr.strip()[-300:]}"}
+    return {**out, "works": True}
 
 
 def harness_source(program: str, entry_point: str) -> str:

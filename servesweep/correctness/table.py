@@ -9,8 +9,9 @@ import pandas as pd
 from servesweep.correctness.lossless import compare, is_speculative, read_greedy
 
 COLUMNS = ["config", "speculative", "pass_at_1", "passed", "problems", "failed", "errors", "timeouts",
-           "lossless_prompts", "exact_match_rate", "first_divergence_token", "lossless", "sandbox_network",
+           "lossless_prompts", "exact_match_rate", "first_divergence_token", "lossless", "sandbox", "sandbox_network",
            "sandbox_filesystem", "skipped"]
+UNSANDBOXED = "unsandboxed"  # the sandbox of a pass@1 whose programs ran without bwrap (sandbox.py's label)
 
 
 def _by_config(paths) -> dict[str, Path]:
@@ -33,6 +34,7 @@ def correctness_table(coding_paths: list[Path], greedy_paths: list[Path], meta_p
         row = {"config": cfg, "speculative": speculative, "pass_at_1": result.get("pass_at_1"),
                "passed": result.get("passed"), "problems": result.get("total"), "failed": outcomes.get("failed"),
                "errors": outcomes.get("error"), "timeouts": outcomes.get("timeout"),
+               "sandbox": result.get("sandbox", {}).get("sandbox"),
                "sandbox_network": result.get("sandbox", {}).get("network"),
                "sandbox_filesystem": result.get("sandbox", {}).get("filesystem"), "skipped": result.get("skipped"),
                "lossless_prompts": None, "exact_match_rate": None, "first_divergence_token": None, "lossless": None}
@@ -60,8 +62,10 @@ def to_markdown(table: pd.DataFrame) -> str:
 
     shown = pd.DataFrame({
         "config": table["config"],
-        "pass@1": [f"{pct(p)} ({num(n)}/{num(t)})" if not isinstance(s, str) else "skipped"
-                   for p, n, t, s in zip(table["pass_at_1"], table["passed"], table["problems"], table["skipped"])],
+        "pass@1": [f"{pct(p)} ({num(n)}/{num(t)})" + (f", **{UNSANDBOXED}**" if box == UNSANDBOXED else "")
+                   if not isinstance(s, str) else "skipped"
+                   for p, n, t, s, box in zip(table["pass_at_1"], table["passed"], table["problems"], table["skipped"],
+                                              table["sandbox"])],
         "speculative": ["yes" if s else "no" for s in table["speculative"]],
         "greedy exact match vs baseline": [pct(r) for r in table["exact_match_rate"]],
         "first divergence (token)": [num(d) for d in table["first_divergence_token"]],
