@@ -141,6 +141,13 @@ class CellWriter:
             for r in records:
                 fh.write(json.dumps(r) + "\n")
 
+    async def keep_metrics(self, session: aiohttp.ClientSession, base: str, path: str | None, name: str) -> None:
+        """The server's whole /metrics exposition as it was, for diagnosis (and for checking the parser against a
+        real server's output): kept in the attempt folder and copied to the run folder."""
+        text = await promtext.scrape(session, base, path)
+        if text:
+            (self.dir / name).write_text(text)
+
     def add_repeat(self, row: dict) -> None:
         """Keep one repeat of one cell, and rewrite the cells combined from every repeat measured so far."""
         self.repeats.append(row)
@@ -324,6 +331,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
     base = server.base_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         sources, described = await _prompt_sources(session, base, engine, matrix)
+        await writer.keep_metrics(session, base, engine.metrics_path, "metrics-start.prom")
         cells = ([(w, ctx, "concurrency", c) for w, ctx, c in matrix.cells()]
                  + [(w, ctx, "rate", r) for w, ctx, r in matrix.rate_cells()])
         for rep in range(matrix.repeats):
@@ -346,6 +354,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 writer.add_requests(row.request_records())
                 writer.add_repeat(row.as_row())
                 log.info(_cell_line(row))
+        await writer.keep_metrics(session, base, engine.metrics_path, "metrics-end.prom")
     return described
 
 
@@ -467,4 +476,7 @@ def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
         shutil.copyfile(tele, paths.telemetry_csv)
     else:
         paths.telemetry_csv.write_text("")
+    for name in ("metrics-start.prom", "metrics-end.prom"):   # not declared outputs: kept where they exist
+        if (paths.attempt_dir / name).exists():
+            shutil.copyfile(paths.attempt_dir / name, paths.cells_csv.parent / name)
     paths.meta_json.write_text(json.dumps(meta, indent=2, default=str) + "\n")

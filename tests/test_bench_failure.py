@@ -113,3 +113,8 @@ def test_a_correctness_failure_keeps_the_measured_matrix_and_names_its_folder(tm
     assert meta["status"] == "failed" and meta["cells_measured"] == 1 and "SandboxUnavailable" in meta["error"]
     assert len((paths.attempt_dir / "cells.csv").read_text().splitlines()) == 2
     assert not paths.cells_csv.exists() and not outputs.coding_eval_json.exists()
+    # the server's own /metrics text before the first cell and after the last is kept as it came
+    start, end = ((paths.attempt_dir / n).read_text() for n in ("metrics-start.prom", "metrics-end.prom"))
+    assert "# TYPE llamacpp:tokens_predicted_total counter" in end
+    from servesweep import promtext
+    assert promtext.total(promtext.delta(start, end), "llamacpp:tokens_predicted_total") > 0
