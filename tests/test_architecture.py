@@ -43,23 +43,31 @@ def engine_names_in_python(source: str) -> list[tuple[int, str]]:
     pattern, tree = _engine_name_pattern(), ast.parse(source)
     docstrings, hits = _docstring_nodes(tree), []
     for node in ast.walk(tree):
-        texts = []
-        if isinstance(node, ast.Name):
-            texts = [node.id]
-        elif isinstance(node, ast.Attribute):
-            texts = [node.attr]
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            texts = [node.name]
-        elif isinstance(node, ast.keyword) and node.arg:
-            texts = [node.arg]
-        elif isinstance(node, ast.alias):
-            texts = [node.name, node.asname or ""]
-        elif isinstance(node, ast.ImportFrom):
-            texts = [node.module or ""]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+        texts = code_names(node)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             texts = [node.value] if not re.search(r"\s", node.value) else []
         hits += [(getattr(node, "lineno", 0), t) for t in texts if pattern.search(t)]
     return hits
+
+
+def code_names(node: ast.AST) -> list[str]:
+    """The names a node uses or binds in code: identifiers, attributes, definitions, keyword and parameter names,
+    imported modules and their aliases."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.keyword) and node.arg:
+        return [node.arg]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, ast.alias):
+        return [node.name, node.asname or ""]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or ""]
+    return []
 
 
 # Modules whose strings become report text: there an engine named even in a sentence is engine knowledge in the
@@ -230,17 +238,6 @@ def test_the_library_never_touches_snakemake_objects():
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Name):
-                names = [node.id]
-            elif isinstance(node, ast.Attribute):
-                names = [node.attr]
-            elif isinstance(node, ast.alias):
-                names = [node.name]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            elif isinstance(node, ast.arg):
-                names = [node.arg]
-            hits += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+            hits += [f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}: {n}" for n in code_names(node)
                      if n.split(".")[0] in ("snakemake", "Namedlist", "InputFiles", "OutputFiles", "Params")]
     assert not hits, hits
