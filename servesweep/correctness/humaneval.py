@@ -11,7 +11,7 @@ import functools
 from typing import Awaitable, Callable
 
 from servesweep.correctness.extract import extract
-from servesweep.correctness.sandbox import Limits, run_tests
+from servesweep.correctness.sandbox import UNSANDBOXED, Limits, run_tests
 
 # Five short problems with unambiguous specifications, so that even a small model's score carries a signal.
 DEFAULT_TASKS = ("HumanEval/2", "HumanEval/23", "HumanEval/28", "HumanEval/45", "HumanEval/53")
@@ -69,7 +69,7 @@ def score(problems: list[dict], completions: list[dict], limits: Limits) -> dict
     return {"total": len(results), "passed": counts["passed"], "outcomes": counts,
             "pass_at_1": counts["passed"] / len(results) if results else None,
             # a pass@1 any of whose programs ran without bwrap is labelled so wherever it is shown
-            "unsandboxed": any(r["isolation"].get("sandbox") == "unsandboxed" for r in results),
+            "unsandboxed": any(r["isolation"].get("sandbox") == UNSANDBOXED for r in results),
             # every run reports its isolation; they share one host, so the first speaks for all
             "sandbox": results[0]["isolation"] if results else {},
             "results": [{k: v for k, v in r.items() if k != "isolation"} for r in results]}

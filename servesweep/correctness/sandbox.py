@@ -50,6 +50,8 @@ SANDBOX_UID_SPAN = 4000
 ALLOW_UNSANDBOXED_ENV = "SERVESWEEP_ALLOW_UNSANDBOXED"
 # The config key that chooses the sandbox (``bwrap`` or ``none``), named in errors and in the isolation facts.
 SANDBOX_SETTING = "correctness.coding_eval.sandbox"
+# The isolation label of a program that ran without bwrap (and of a pass@1 any of whose programs did).
+UNSANDBOXED = "unsandboxed"
 SANDBOX_MODES = ("bwrap", "none")
 # What to do where bwrap cannot confine the programs: the host check's fix and the refusal's.
 NO_SANDBOX_FIX = (f"apt-get install bubblewrap, or set {SANDBOX_SETTING}: none to run model-written code unconfined "
@@ -283,7 +285,7 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
                 "processes": limits.processes}))
             argv = [python, "-I", "-B", "-c", prelude, python, "-I", "-B", "program.py"]
             run_as = None  # no namespaces: a uid switch alone would still leave the network and /proc open
-            isolation = {"sandbox": "unsandboxed", "reason": problem,
+            isolation = {"sandbox": UNSANDBOXED, "reason": problem,
                          "network": "not isolated: unsandboxed run", "filesystem": "permissions only: unsandboxed run",
                          "pid_namespace": False, "proc": "host /proc visible", "uid": os.getuid(),
                          "process_limit_binding": os.getuid() != 0}
@@ -347,7 +349,7 @@ def self_test(timeout_s: float = 15.0) -> dict:
     except (SandboxUnavailable, RuntimeError, OSError) as exc:
         return {**out, "error": f"{type(exc).__name__}: {exc}"}
     out.update(isolation=result.isolation, seconds=round(time.monotonic() - t0, 3))
-    if result.isolation.get("sandbox") == "unsandboxed":  # bwrap_problem changed its answer in between
+    if result.isolation.get("sandbox") == UNSANDBOXED:  # bwrap_problem changed its answer in between
         return {**out, "error": result.isolation.get("reason", "ran unsandboxed")}
     if result.timed_out or result.returncode != 0 or result.stdout.strip() != "1":
         what = ("timed out" if result.timed_out else f"exit {result.returncode}, signal {result.signal}, "

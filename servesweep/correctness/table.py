@@ -7,11 +7,11 @@ from pathlib import Path
 import pandas as pd
 
 from servesweep.correctness.lossless import compare, is_speculative, read_greedy
+from servesweep.correctness.sandbox import UNSANDBOXED
 
 COLUMNS = ["config", "speculative", "pass_at_1", "passed", "problems", "failed", "errors", "timeouts",
            "lossless_prompts", "exact_match_rate", "first_divergence_token", "lossless", "sandbox", "sandbox_network",
            "sandbox_filesystem", "skipped"]
-UNSANDBOXED = "unsandboxed"  # the sandbox of a pass@1 whose programs ran without bwrap (sandbox.py's label)
 
 
 def _by_config(paths) -> dict[str, Path]:
