@@ -14,7 +14,7 @@ import pandas as pd
 from servesweep import stats as stats_mod
 from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT, band_for, clean_repeats, interval_text, with_unit_columns
 from servesweep.charts import CHART_FILES, ENERGY_DIR, ENERGY_FILE, has_gpu_energy
-from servesweep.correctness.table import UNSANDBOXED
+from servesweep.correctness.sandbox import UNSANDBOXED
 from servesweep.engines import engine_names, get_engine
 from servesweep.engines.base import cell_label
 from servesweep.slo import SLO
