@@ -191,6 +191,26 @@ def test_self_test_never_runs_unconfined(monkeypatch):
     assert "isolation" not in probe
 
 
+def test_bwrap_outside_the_programs_path_is_run_by_its_full_path(monkeypatch):
+    """A bwrap found on this process's PATH but outside the programs' scrubbed PATH (/usr/bin:/bin), as an H200 host
+    with bwrap in /usr/local/bin had it, still runs the programs: argv[0] is the path found, not a name to search."""
+    import shutil
+    import tempfile
+    real = shutil.which("bwrap")
+    elsewhere = Path(tempfile.mkdtemp(prefix="servesweep-bwrap-elsewhere-", dir="/tmp"))
+    try:
+        elsewhere.chmod(0o755)
+        shutil.copy2(real, elsewhere / "bwrap")
+        monkeypatch.setenv("PATH", f"{elsewhere}:{os.environ['PATH']}")
+        sandbox.bwrap_problem.cache_clear()
+        assert sandbox.bwrap_argv(elsewhere, ["/usr/bin/python3"], QUICK)[0] == str(elsewhere / "bwrap")
+        probe = sandbox.self_test()
+        assert probe["works"] is True, probe
+    finally:
+        sandbox.bwrap_problem.cache_clear()
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
 def test_environment_is_scrubbed_and_cwd_is_a_fresh_temp_dir(monkeypatch):
     monkeypatch.setenv("SERVESWEEP_SECRET_TOKEN", "do-not-leak")
     result = run_program("import os\nprint(sorted(os.environ))\nprint(os.getcwd())\nprint(os.listdir('.'))\n", QUICK)

@@ -170,7 +170,8 @@ def _root_binds() -> list[str]:
 
 def bwrap_argv(workdir: Path, argv: list[str], limits: Limits, runtime_binds: list[str] = ()) -> list[str]:
     """The full bwrap command line that runs ``argv`` (an absolute program path first) confined in ``workdir``."""
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", *_root_binds()]
+    # The absolute path: the programs' scrubbed environment (whose PATH is searched) may not reach where bwrap is.
+    args = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", *_root_binds()]
     for path in runtime_binds:
         args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev", "--dir", "/tmp", "--bind", str(workdir), str(workdir),
