@@ -39,3 +39,40 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
                             correctness_md=out / "correctness.md", metas=[r / "meta.json" for r in runs],
                             env_card=env_card)
     return write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"])
+
+
+def report_from_example(example: Path, out: Path | None = None, charts: bool = False) -> str:
+    """The report of a recorded example folder: ``config.yaml`` (the config the run used), ``runs/<cfg>/`` (its bench
+    jobs' outputs, one per server config) and ``pipeline/env/<host>.md`` (the host card the pipeline wrote) in;
+    tables and FINDINGS.md under ``out`` (default ``<example>/report``). Returns the report's text."""
+    import yaml
+
+    from servesweep.config import apply_defaults
+
+    example = Path(example)
+    config = apply_defaults(yaml.safe_load((example / "config.yaml").read_text()))
+    runs = [example / "runs" / name for name in config["server_configs"] if (example / "runs" / name).is_dir()]
+    if not runs:
+        raise FileNotFoundError(f"{example / 'runs'}: no run folder of any of the config's server_configs")
+    cards = sorted((example / "pipeline" / "env").glob("*.md"))
+    if len(cards) != 1:
+        raise FileNotFoundError(f"{example / 'pipeline' / 'env'}: expected one host card (*.md), found {len(cards)}")
+    return report_from_runs(runs, config, cards[0], out or example / "report", charts=charts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m servesweep.rebuild",
+                                 description="Rebuild a recorded example's tables and FINDINGS.md from its run folders.")
+    ap.add_argument("example", type=Path, help="the example folder (config.yaml, runs/, pipeline/env/)")
+    ap.add_argument("out", type=Path, nargs="?", help="where to write (default: EXAMPLE/report)")
+    ap.add_argument("--charts", action="store_true", help="draw the charts too")
+    args = ap.parse_args(argv)
+    report_from_example(args.example, args.out, charts=args.charts)
+    print((args.out or args.example / "report") / "FINDINGS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -241,10 +241,28 @@ def _choice_lines(label: str, choice: dict, cost: dict) -> list[str]:
     return [line + f" {against} — {verdict}."]
 
 
+def random_weight_drafting_note(cells: pd.DataFrame, configs: set[str]) -> str | None:
+    """A warning for picks and margins that rest on speculative configs serving random weights: their acceptance
+    (from the server's draft counters, where it reported them) is not what a real model would give."""
+    if not configs:
+        return None
+    parts = []
+    for cfg in sorted(configs):
+        g = cells[cells["config"] == cfg]
+        drafted = g["spec_drafted_tokens"].sum() if "spec_drafted_tokens" in g else 0
+        accepted = g["spec_accepted_tokens"].sum() if "spec_accepted_tokens" in g else 0
+        parts.append(f"`{cfg}` (its server accepted {accepted:,.0f} of {drafted:,.0f} drafted tokens, "
+                     f"{100 * accepted / drafted:.0f} %)" if drafted > 0 else f"`{cfg}`")
+    return (f"**Speculative decoding on random weights** in {', '.join(parts)}: the picks and margins above that "
+            "involve it measure how well drafts match what random weights generate, which says nothing about a "
+            "real model's acceptance; read them as engine overhead at that acceptance, not as a speedup to expect.")
+
+
 def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos: list[SLO],
-                 cost: dict | None) -> list[str]:
+                 cost: dict | None, random_weight_speculative: set[str] | None = None) -> list[str]:
     """The report's opening: per service-level target and prompt set, the best config × cell meeting it and its
-    runner-up (``slo_choice``), then the frontier chart."""
+    runner-up (``slo_choice``), then the frontier chart. ``random_weight_speculative``: speculative configs that
+    served random weights, warned about where a pick or runner-up is one of them."""
     cost = cost or {}
     cells = with_unit_columns(cells, cost)
     lines = ["## Summary", ""]
@@ -257,12 +275,18 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos:
                   "the best cell of another config that meets it, with its 95 % Fieller interval over the repeats. "
                   "Client-bound cells are left out of the pick (the client, not the server, set their pace), and "
                   "named where one met the target above it: its throughput is a lower bound.", ""]
+    named = set()
     for slo in slos:
         lines += [f"**{slo.describe()}**", ""]
         for label, g in prompt_sets(cells):
-            lines += choice_lines(label, slo_choice(g, repeats, noise, slo), cost)
+            choice = slo_choice(g, repeats, noise, slo)
+            named |= {c["config"] for c in (choice["best"], choice["runner_up"]) if c is not None}
+            lines += choice_lines(label, choice, cost)
         lines.append("")
     notes = []
+    drafting = random_weight_drafting_note(cells, (random_weight_speculative or set()) & named)
+    if drafting:
+        lines += [drafting, ""]
     if not cost.get("gpu_hour") and not cost.get("kwh"):
         notes.append("No prices in the config's `cost:` section: cost per million tokens is not computed.")
     if not has_gpu_energy(cells):
@@ -599,8 +623,7 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
         if has_gpu:
             best = g.loc[g["gpu_j_per_output_token"].idxmin()]
             energy = (f"lowest energy per token {best['gpu_j_per_output_token']:.3f} J "
-                      f"({best['output_tokens_per_gpu_j']:.1f} tokens/J) at ctx={best['ctx']}, "
-                      f"C={best['concurrency']}")
+                      f"({best['output_tokens_per_gpu_j']:.1f} tokens/J) at {cell_label(best)}")
         else:
             energy = f"no GPU energy ({g['gpu_telemetry'].iloc[0] if 'gpu_telemetry' in g else 'no telemetry'})"
         lines += [f"`{cfg}`: {energy}. Decode ceiling: {note}.", ""]
@@ -611,12 +634,13 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
                    if "cpu_util_pct" in g and g["cpu_util_pct"].notna().any() else "")
             lines += [f"- {verdicts}{cpu} — {g['bottleneck_basis'].iloc[0]}.", ""]
             continue
-        for r in g.sort_values(["ctx", "concurrency"]).to_dict("records"):
+        order = [k for k in ("workload", "ctx", "concurrency") if k in g]
+        for r in g.sort_values(order).to_dict("records"):
             ceiling = (f"; {r['pct_of_ceiling']:.1f} % of the {r['decode_ceiling_tok_s']:,.0f} tok/s decode ceiling"
                        if pd.notna(r.get("pct_of_ceiling")) else "")
             per_token = (f"; {r['gpu_j_per_output_token']:.3f} J/token"
                          if pd.notna(r.get("gpu_j_per_output_token")) else "")
-            lines.append(f"- ctx={r['ctx']} C={r['concurrency']}: **{r['bottleneck']}** — {r['bottleneck_basis']}"
+            lines.append(f"- {cell_label(r)}: **{r['bottleneck']}** — {r['bottleneck_basis']}"
                          f"{per_token}{ceiling}.")
         lines.append("")
     if "gpu_energy_j" in cells and cells["gpu_energy_j"].notna().any():
@@ -643,6 +667,22 @@ def charts_section(cells: pd.DataFrame) -> list[str]:
     else:
         lines += ["No GPU energy was measured, so there is no energy chart.", ""]
     return lines
+
+
+def _shown(text: str) -> str:
+    """A snippet of model text inline: escapes visible, no backticks to break the code span."""
+    return repr(text)[1:-1].replace("`", "'")
+
+
+def _divergence_text(divergences, config: str, most: int = 3) -> str:
+    """Where the diverging completions part from the baseline's, as text (up to ``most`` prompts)."""
+    if not isinstance(divergences, str) or not divergences:
+        return ""
+    parted = sorted(json.loads(divergences), key=lambda d: d["token"])
+    shown = [f"{d['prompt_id']} at token {d['token']}: after `…{_shown(d['context'])}` the baseline continued "
+             f"`{_shown(d['baseline'])}`, `{config}` `{_shown(d['candidate'])}`" for d in parted[:most]]
+    more = f" (and {len(parted) - most} more)" if len(parted) > most else ""
+    return " Where they part — " + "; ".join(shown) + more + "."
 
 
 def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> list[str]:
@@ -673,8 +713,11 @@ def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> li
         elif r.lossless == "below 100 %":
             lines.append(f"- `{r.config}`: **below 100 %** — {100 * r.exact_match_rate:.0f} % of "
                          f"{int(r.lossless_prompts)} completions identical; first divergence at token "
-                         f"{int(r.first_divergence_token)}. Speculative decoding must not change greedy output: "
-                         "check the engine version and the draft settings.")
+                         f"{int(r.first_divergence_token)}.{_divergence_text(r.divergences, r.config)} Greedy "
+                         "output should not change under speculative decoding. This check does not say why it did: a "
+                         "drafting or verification fault, or the verify pass's floating-point arithmetic differing "
+                         "from plain decoding's where the two likeliest tokens nearly tie, would both show this way; "
+                         "no log-probabilities were recorded to tell them apart.")
         else:
             lines.append(f"- `{r.config}`: not checked ({r.lossless}).")
     networks = sorted(set(table["sandbox_network"].dropna()))
@@ -687,7 +730,17 @@ def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> li
     return lines + ["", table_md, ""]
 
 
-def _matrix_text(matrix: dict) -> str:
+def _workloads_text(matrix: dict, cells: pd.DataFrame | None) -> str:
+    """The workloads the cells ran, naming the configs of each where configs ran different ones."""
+    if cells is None or "workload" not in cells or cells.empty:
+        return str(matrix.get("workloads") or ["synthetic"])
+    by_workload = {w: sorted(set(g["config"])) for w, g in cells.groupby("workload", sort=True)}
+    every = sorted(set(cells["config"]))
+    return ", ".join(w if cfgs == every else f"{w} ({', '.join(f'`{c}`' for c in cfgs)})"
+                     for w, cfgs in by_workload.items())
+
+
+def _matrix_text(matrix: dict, cells: pd.DataFrame | None = None) -> str:
     if "requests_per_cell" in matrix:  # recorded before cells had a measured window
         rpc = matrix["requests_per_cell"]
         return (f"Matrix: prompt tokens {matrix.get('context_lengths')} × concurrency {matrix.get('concurrencies')}, "
@@ -697,8 +750,10 @@ def _matrix_text(matrix: dict) -> str:
                 f"send to the last completion (ramp-up and tail included), {matrix.get('repeats')} repeat(s): no "
                 "interval can be computed from these runs, so no speedup below is a finding.")
     warm, measure = matrix.get("warmup") or {}, matrix.get("measure") or {}
-    workloads = matrix.get("workloads") or ["synthetic"]
-    return (f"Matrix: workloads {workloads} (synthetic prompts of {matrix.get('context_lengths')} tokens) × "
+    ran = set(cells["workload"]) if cells is not None and "workload" in cells else {"synthetic"}
+    synthetic = (f" (synthetic prompts of {matrix.get('context_lengths')} tokens)" if "synthetic" in ran
+                 else " (real-text prompts at the lengths their samples have)")
+    return (f"Matrix: workloads {_workloads_text(matrix, cells)}{synthetic} × "
             f"concurrency {matrix.get('concurrencies')}, {matrix.get('output_tokens')} output tokens per request "
             "(a cap for real-text prompts). Each cell is closed-loop at its concurrency: a warm-up of at least "
             f"{warm.get('seconds')} s and {warm.get('requests_per_concurrency')}× C completed requests, then a "
@@ -722,8 +777,10 @@ def workloads_section(metas: list[dict], cells: pd.DataFrame) -> list[str]:
         src = d.get("source") if isinstance(d.get("source"), dict) else {}
         source = src.get("package") or d.get("source") or ""
         note = src.get("note") or d.get("note")
-        lines.append(f"- `{name}` ({source}): {lengths.get('n', '–')} prompts sampled with seed {d.get('seed')} under "
-                     f"{d.get('rules')}'s length rules; prompt tokens p10/p50/p90 {_fmt(p.get('p10'), '.0f')}/"
+        rules = (f"under {d['rules']}'s length rules" if d.get("rules")
+                 else f"(no length rules: {'; '.join(d.get('filters') or ['every sample'])})")
+        lines.append(f"- `{name}` ({source}): {lengths.get('n', '–')} prompts sampled with seed {d.get('seed')} "
+                     f"{rules}; prompt tokens p10/p50/p90 {_fmt(p.get('p10'), '.0f')}/"
                      f"{_fmt(p.get('p50'), '.0f')}/{_fmt(p.get('p90'), '.0f')}, output tokens (capped at the "
                      f"matrix's output_tokens) p10/p50/p90 {_fmt(o.get('p10'), '.0f')}/{_fmt(o.get('p50'), '.0f')}/"
                      f"{_fmt(o.get('p90'), '.0f')}." + (f" {note}" if note else ""))
@@ -781,13 +838,14 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     matrix = metas[0]["matrix"] if metas else {}
     host = metas[0].get("host") if metas else "?"
 
-    lines = ["# Findings", ""] + first_screen(cells, repeats, noise, slos or [], cost)
+    random_spec = {m["config"] for m in metas if m.get("load_format") == "dummy" and m["speculative"]}
+    lines = ["# Findings", ""] + first_screen(cells, repeats, noise, slos or [], cost, random_spec)
     cpu = metas[0].get("cpu_model") if metas else None
     cores = metas[0].get("cpu_count") if metas else None
     cpu_text = (f" (CPU: {cpu}, {cores} cores — host-bound cells depend on it)" if cpu
                 else f" ({cores} CPU cores; CPU model not recorded)" if cores else "")
     lines += ["## Setup", "", f"Host `{host}`{cpu_text}; {len(metas)} server configs; baseline `{baseline}`. "
-              + _matrix_text(matrix), ""]
+              + _matrix_text(matrix, cells), ""]
     lines += setup_section(metas) + [""] + side_by_side_note(metas) + dummy_weights_note(metas)
     lines += startup_section(metas)
     lines += workloads_section(metas, cells)

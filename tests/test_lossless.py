@@ -160,3 +160,26 @@ def test_an_unsandboxed_pass_at_1_is_labelled_in_the_table_and_the_report(tmp_pa
     text = "\n".join(correctness_section(pd.read_csv(csv), md.read_text(), "ar"))
     assert "- `ngram`: 40 % (2/5 passed; 3 failed) — **unsandboxed**: its answers ran with resource limits" in text
     assert "- `ar`: 60 % (3/5 passed; 2 failed)." in text and "unless labelled unsandboxed" in text
+
+
+def test_report_shows_where_diverging_completions_part_and_claims_no_cause(tmp_path):
+    coding, greedy, meta = sweep(tmp_path, [[1, 2, 3, 4], [1, 2, 7, 4], [1, 2, 3, 4], [5, 2, 3, 4]])
+    csv, md = tmp_path / "correctness.csv", tmp_path / "correctness.md"
+    write_correctness_tables(coding, greedy, meta, "ar", csv, md)
+    table = pd.read_csv(csv).set_index("config")
+    parted = json.loads(table.loc["ngram", "divergences"])
+    assert [(d["prompt_id"], d["token"], d["context"], d["baseline"], d["candidate"]) for d in parted] == [
+        ("P/1", 2, "1 2 ", "3 4", "7 4"), ("P/3", 0, "", "1 2 3 4", "5 2 3 4")]
+    assert pd.isna(table.loc["ar-np1", "divergences"])
+    text = "\n".join(correctness_section(pd.read_csv(csv), md.read_text(), "ar"))
+    # earliest divergence first, as text
+    assert ("Where they part — P/3 at token 0: after `…` the baseline continued `1 2 3 4`, `ngram` `5 2 3 4`; "
+            "P/1 at token 2: after `…1 2 ` the baseline continued `3 4`, `ngram` `7 4`.") in text
+    assert "does not say why" in text and "no log-probabilities were recorded" in text
+    assert "check the engine version" not in text  # no cause the check did not measure
+
+
+def test_text_divergence_keeps_bounded_snippets_around_the_parting():
+    from servesweep.correctness.lossless import text_divergence
+    where = text_divergence("x" * 100 + "\n    return a", "x" * 100 + "\n    return b", before=14, after=3)
+    assert where == {"char": 112, "context": "xx\n    return ", "baseline": "a", "candidate": "b"}

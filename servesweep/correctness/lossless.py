@@ -8,6 +8,7 @@ position where they differ.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -61,6 +62,12 @@ def first_divergence(a: list, b: list) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def text_divergence(a: str, b: str, before: int = 40, after: int = 16) -> dict:
+    """Where two completions' texts part: the end of their common prefix and what each continues with."""
+    n = len(os.path.commonprefix([a, b]))
+    return {"char": n, "context": a[max(0, n - before):n], "baseline": a[n:n + after], "candidate": b[n:n + after]}
+
+
 def compare(baseline: list[dict], candidate: list[dict]) -> dict:
     """Exact-match rate of the candidate's completions against the baseline's and where each first diverges."""
     by_index = {r["index"]: r for r in candidate}
@@ -75,7 +82,9 @@ def compare(baseline: list[dict], candidate: list[dict]) -> dict:
         b = cand["token_ids"] if cand.get("token_ids") is not None else list(cand["text"])
         pos = first_divergence(a, b)
         per_prompt.append({"prompt_id": base["prompt_id"], "match": pos is None, "first_divergence": pos,
-                           "error": None})
+                           "error": None,
+                           "where": None if pos is None else text_divergence(base.get("text") or "",
+                                                                              cand.get("text") or "")})
     matches = sum(p["match"] for p in per_prompt)
     positions = [p["first_divergence"] for p in per_prompt if p["first_divergence"] is not None]
     return {"prompts": len(per_prompt), "exact_matches": matches,

@@ -10,8 +10,8 @@ from servesweep.correctness.lossless import compare, is_speculative, read_greedy
 from servesweep.correctness.sandbox import UNSANDBOXED
 
 COLUMNS = ["config", "speculative", "pass_at_1", "passed", "problems", "failed", "errors", "timeouts",
-           "lossless_prompts", "exact_match_rate", "first_divergence_token", "lossless", "sandbox", "sandbox_network",
-           "sandbox_filesystem", "skipped"]
+           "lossless_prompts", "exact_match_rate", "first_divergence_token", "divergences", "lossless", "sandbox",
+           "sandbox_network", "sandbox_filesystem", "skipped"]
 
 
 def _by_config(paths) -> dict[str, Path]:
@@ -37,7 +37,8 @@ def correctness_table(coding_paths: list[Path], greedy_paths: list[Path], meta_p
                "sandbox": result.get("sandbox", {}).get("sandbox"),
                "sandbox_network": result.get("sandbox", {}).get("network"),
                "sandbox_filesystem": result.get("sandbox", {}).get("filesystem"), "skipped": result.get("skipped"),
-               "lossless_prompts": None, "exact_match_rate": None, "first_divergence_token": None, "lossless": None}
+               "lossless_prompts": None, "exact_match_rate": None, "first_divergence_token": None,
+               "divergences": None, "lossless": None}
         if speculative and cfg != baseline:
             if result.get("skipped"):
                 row["lossless"] = "skipped"
@@ -45,8 +46,12 @@ def correctness_table(coding_paths: list[Path], greedy_paths: list[Path], meta_p
                 row["lossless"] = f"no baseline completions ({base_skipped or 'baseline produced none'})"
             else:
                 check = compare(base_greedy, greedy.get(cfg, []))
+                # Per diverging prompt: its first differing token and where the texts part (JSON, for the report).
+                parted = [{"prompt_id": p["prompt_id"], "token": p["first_divergence"], **p["where"]}
+                          for p in check["per_prompt"] if p.get("where")]
                 row.update(lossless_prompts=check["prompts"], exact_match_rate=check["exact_match_rate"],
                            first_divergence_token=check["first_divergence"],
+                           divergences=json.dumps(parted) if parted else None,
                            lossless="identical" if check["exact_matches"] == check["prompts"] else "below 100 %")
         rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
