@@ -14,6 +14,7 @@ import pandas as pd
 from servesweep import stats as stats_mod
 from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT, band_for, clean_repeats, interval_text, with_unit_columns
 from servesweep.charts import CHART_FILES, ENERGY_DIR, ENERGY_FILE, has_gpu_energy
+from servesweep.correctness.lossless import NEAR_TIE_NATS
 from servesweep.correctness.sandbox import UNSANDBOXED
 from servesweep.engines import engine_names, get_engine
 from servesweep.engines.base import cell_label
@@ -680,9 +681,40 @@ def _divergence_text(divergences, config: str, most: int = 3) -> str:
         return ""
     parted = sorted(json.loads(divergences), key=lambda d: d["token"])
     shown = [f"{d['prompt_id']} at token {d['token']}: after `…{_shown(d['context'])}` the baseline continued "
-             f"`{_shown(d['baseline'])}`, `{config}` `{_shown(d['candidate'])}`" for d in parted[:most]]
+             f"`{_shown(d['baseline'])}`, `{config}` `{_shown(d['candidate'])}`"
+             + _logprob_text(d.get("logprobs"), config) for d in parted[:most]]
     more = f" (and {len(parted) - most} more)" if len(parted) > most else ""
     return " Where they part — " + "; ".join(shown) + more + "."
+
+
+def _logprob_text(lp: dict | None, config: str) -> str:
+    """The baseline's log-probabilities at a parting, as the report shows them."""
+    if not lp:
+        return ""
+    mine = f"`{_shown(lp['baseline_token'] or '')}` {lp['baseline_logprob']:.3f}"
+    if lp.get("candidate_token") is None:
+        floor = f", the {lp['top_k']}th at {lp['top_floor']:.3f}" if lp.get("top_floor") is not None else ""
+        return (f" (the baseline's log-probabilities there: {mine}; `{config}`'s token not among its "
+                f"{lp['top_k']} likeliest{floor})")
+    tie = ", a near tie" if lp["gap_nats"] < NEAR_TIE_NATS else ""
+    return (f" (the baseline's log-probabilities there: {mine}, `{_shown(lp['candidate_token'])}` "
+            f"{lp['candidate_logprob']:.3f}: {lp['gap_nats']:.3f} nats apart{tie})")
+
+
+def _why_text(divergences) -> str:
+    """What the recorded log-probabilities say about why greedy outputs parted, without claiming a cause."""
+    parted = json.loads(divergences) if isinstance(divergences, str) and divergences else []
+    measured = [d["logprobs"] for d in parted if d.get("logprobs")]
+    if not measured:
+        return ("This check does not say why it did: a drafting or verification fault, or the verify pass's "
+                "floating-point arithmetic differing from plain decoding's where the two likeliest tokens nearly tie, "
+                "would both show this way; no log-probabilities were recorded to tell them apart.")
+    near = sum(1 for lp in measured if lp.get("gap_nats") is not None and lp["gap_nats"] < NEAR_TIE_NATS)
+    return (f"Of the {len(measured)} parting(s) where the baseline's log-probabilities were recorded, {near} "
+            f"{'is a near tie' if near == 1 else 'are near ties'} (the two tokens within {NEAR_TIE_NATS} nats), "
+            "which floating-point differences between the verify pass and plain decoding can flip"
+            + (f"; {len(measured) - near} {'is' if len(measured) - near == 1 else 'are'} not, which such "
+               "differences do not explain." if near < len(measured) else "; whether they did is not measured."))
 
 
 def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> list[str]:
@@ -714,10 +746,7 @@ def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> li
             lines.append(f"- `{r.config}`: **below 100 %** — {100 * r.exact_match_rate:.0f} % of "
                          f"{int(r.lossless_prompts)} completions identical; first divergence at token "
                          f"{int(r.first_divergence_token)}.{_divergence_text(r.divergences, r.config)} Greedy "
-                         "output should not change under speculative decoding. This check does not say why it did: a "
-                         "drafting or verification fault, or the verify pass's floating-point arithmetic differing "
-                         "from plain decoding's where the two likeliest tokens nearly tie, would both show this way; "
-                         "no log-probabilities were recorded to tell them apart.")
+                         f"output should not change under speculative decoding. {_why_text(r.divergences)}")
         else:
             lines.append(f"- `{r.config}`: not checked ({r.lossless}).")
     networks = sorted(set(table["sandbox_network"].dropna()))

@@ -183,3 +183,68 @@ def test_text_divergence_keeps_bounded_snippets_around_the_parting():
     from servesweep.correctness.lossless import text_divergence
     where = text_divergence("x" * 100 + "\n    return a", "x" * 100 + "\n    return b", before=14, after=3)
     assert where == {"char": 112, "context": "xx\n    return ", "baseline": "a", "candidate": "b"}
+
+
+# What the servers answered to ``logprobs: 2`` on /v1/completions: the completions API's parallel lists (vLLM, SGLang)
+# and the chat API's content list (llama.cpp's server, seen on its 0.3.36 build).
+COMPLETIONS_SHAPE = {"tokens": ["    ", "if"], "token_logprobs": [-0.07, -0.6],
+                     "top_logprobs": [{"  ": -3.4, "    ": -0.07}, {"if": -0.6, "return": -0.8}], "text_offset": [0, 4]}
+CHAT_SHAPE = {"content": [
+    {"id": 140, "token": "    ", "bytes": [32] * 4, "logprob": -0.07,
+     "top_logprobs": [{"id": 140, "token": "    ", "logprob": -0.07}, {"id": 138, "token": "  ", "logprob": -3.4}]},
+    {"id": 584, "token": "if", "logprob": -0.6,
+     "top_logprobs": [{"id": 584, "token": "if", "logprob": -0.6}, {"id": 2060, "token": "return", "logprob": -0.8}]}]}
+
+
+@pytest.mark.parametrize("shape", [COMPLETIONS_SHAPE, CHAT_SHAPE])
+def test_both_logprob_shapes_read_alike(shape):
+    from servesweep.correctness.client import token_logprobs
+    assert token_logprobs(shape) == [
+        {"token": "    ", "logprob": -0.07, "top": [["    ", -0.07], ["  ", -3.4]]},
+        {"token": "if", "logprob": -0.6, "top": [["if", -0.6], ["return", -0.8]]}]
+    assert token_logprobs(None) is None and token_logprobs({}) is None
+
+
+def _lp(*tokens):
+    """Baseline log-probabilities: (token, logprob, [(alternative, logprob), ...]) per generated token."""
+    return [{"token": t, "logprob": lp, "top": [[t, lp], *[[a, alp] for a, alp in alts]]} for t, lp, alts in tokens]
+
+
+def test_the_parting_token_and_its_gap_are_read_from_the_baseline():
+    from servesweep.correctness.lossless import at_parting
+    base = _lp(("    if", -0.1, []), (" x", -0.2, []), (" <", -0.69, [(" >", -0.71), (" ==", -2.0)]), (" 0", -0.1, []))
+    text = "    if x < 0"
+    near = at_parting(base, text, "    if x > 1", text.index("<") - 1 + 1)
+    assert near["token_index"] == 2 and near["baseline_token"] == " <" and near["candidate_token"] == " >"
+    assert near["gap_nats"] == pytest.approx(0.02) and near["candidate_rank"] == 2
+    # the candidate's token is not among the baseline's alternatives
+    far = at_parting(base, text, "    if x != 1", text.index("<"))
+    assert far["candidate_token"] is None and far["top_k"] == 3 and far["top_floor"] == -2.0
+    # a parting inside a token: the longest alternative the candidate's text goes on with
+    inside = at_parting(_lp(("string", -0.3, [("strings", -0.4), ("str", -1.0)]), ("(", -0.1, [])),
+                        "string(", "strings(", 6)
+    assert inside["token_index"] == 0 and inside["candidate_token"] == "strings"
+    assert inside["gap_nats"] == pytest.approx(0.1)
+    # tokens that do not spell the text, no log-probabilities, or a baseline that ended first: nothing to read
+    assert at_parting(base, text + "!", "x", 3) is None and at_parting(None, text, "x", 0) is None
+    assert at_parting(base, text, text + " and more", len(text)) is None
+
+
+def test_report_reads_near_ties_from_recorded_logprobs(tmp_path):
+    coding, greedy, meta = sweep(tmp_path, [[1, 2, 3, 4], [1, 2, 7, 4], [1, 2, 3, 4], [5, 2, 3, 4]])
+    # give the baseline's records log-probabilities: prompt 1 parts at a near tie, prompt 3 at a token it ranked low
+    base_path = greedy[0]
+    records = [json.loads(line) for line in base_path.read_text().splitlines()]
+    records[1]["logprobs"] = _lp(("1", -0.1, []), (" 2", -0.1, []), (" 3", -0.50, [(" 7", -0.55)]), (" 4", -0.1, []))
+    records[3]["logprobs"] = _lp(("1", -0.01, [("9", -6.0)]), (" 2", -0.1, []), (" 3", -0.1, []), (" 4", -0.1, []))
+    base_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    csv, md = tmp_path / "correctness.csv", tmp_path / "correctness.md"
+    write_correctness_tables(coding, greedy, meta, "ar", csv, md)
+    text = "\n".join(correctness_section(pd.read_csv(csv), md.read_text(), "ar"))
+    assert ("P/1 at token 2: after `…1 2 ` the baseline continued `3 4`, `ngram` `7 4` (the baseline's "
+            "log-probabilities there: ` 3` -0.500, ` 7` -0.550: 0.050 nats apart, a near tie)") in text
+    assert "(the baseline's log-probabilities there: `1` -0.010; `ngram`'s token not among its 2 likeliest, the " \
+           "2th at -6.000)" in text
+    assert ("Of the 2 parting(s) where the baseline's log-probabilities were recorded, 1 is a near tie (the two "
+            "tokens within 0.1 nats), which floating-point differences between the verify pass and plain decoding "
+            "can flip; 1 is not, which such differences do not explain.") in text

@@ -143,6 +143,13 @@ def test_pipeline_end_to_end(workdir):
     correctness = pd.read_csv(workdir / "results/tables/correctness.csv")
     assert set(correctness["config"]) == {"ar", "ngram", "ar-copy"}
     assert "## Correctness" in findings
+    # The real llama-server returned each greedy token's log-probabilities to the baseline (not to the speculative
+    # config): the tokens spell the completion, the likeliest alternative first.
+    base = [json.loads(line) for line in (workdir / "results/runs/ar/greedy.jsonl").read_text().splitlines()]
+    assert all("".join(t["token"] for t in r["logprobs"]) == r["text"] for r in base)
+    assert all(t["top"][0][1] >= t["top"][-1][1] and len(t["top"]) == 5 for r in base for t in r["logprobs"])
+    spec = [json.loads(line) for line in (workdir / "results/runs/ngram/greedy.jsonl").read_text().splitlines()]
+    assert spec and not any("logprobs" in r for r in spec)
     leftover = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True).stdout.split()
     assert not leftover, "a server outlived its job"
 

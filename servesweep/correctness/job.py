@@ -91,6 +91,11 @@ def check_sandbox(sc, correctness_cfg: dict | None) -> None:
                                  f"{probe['error']} — fix: {NO_SANDBOX_FIX}")
 
 
+def _as_dict(sc: ServerConfig) -> dict:
+    """The parts of a server config that say whether it decodes speculatively."""
+    return {"labels": sc.labels, "options": sc.options, "extra_args": sc.extra_args}
+
+
 async def _generate(server, engine, sc, settings: CorrectnessSettings, problems: list[dict]):
     timeout = aiohttp.ClientTimeout(total=sc.request_timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -98,9 +103,15 @@ async def _generate(server, engine, sc, settings: CorrectnessSettings, problems:
             return await complete(session, server.base_url, sc.served_name, prompt, settings.max_tokens,
                                   {"stop": humaneval.STOP})
 
+        # The configs that do not decode speculatively (the lossless check's baselines) also return each generated
+        # token's log-probability and the likeliest alternatives, so the check can tell a near tie where a
+        # speculative config parts from them; speculative configs are asked for nothing beyond the greedy text.
+        greedy_fields = {**engine.request_fields(sc),
+                         **({} if lossless.is_speculative(_as_dict(sc)) else {"logprobs": lossless.TOP_LOGPROBS})}
+
         async def fixed_length(prompt: str) -> dict:
             return await complete(session, server.base_url, sc.served_name, prompt, settings.lossless_output_tokens,
-                                  engine.request_fields(sc))
+                                  greedy_fields)
 
         async def tokenize(text: str) -> list[int]:
             return await engine.tokenize(session, server.base_url, text)

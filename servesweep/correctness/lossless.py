@@ -14,6 +14,11 @@ from typing import Awaitable, Callable
 
 from servesweep.correctness.humaneval import all_problems, ordered_task_ids
 
+# Alternatives per generated token the baselines' greedy completions return (``logprobs: N``), and the gap in
+# log-probability under which two tokens count as a near tie: exp(-0.1) = 0.90, probabilities within about 10 %.
+TOP_LOGPROBS = 5
+NEAR_TIE_NATS = 0.1
+
 # Option and flag names that switch a speculative method on, across engines.
 _SPECULATIVE_OPTIONS = {"spec_type", "draft_model", "speculative_algorithm", "speculative_config",
                         "speculative_draft_model"}
@@ -62,10 +67,58 @@ def first_divergence(a: list, b: list) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _parting(base: dict, cand: dict) -> dict:
+    """Where two diverging completions part, as text, with the baseline's log-probabilities there when recorded."""
+    a, b = base.get("text") or "", cand.get("text") or ""
+    where = text_divergence(a, b)
+    where["logprobs"] = at_parting(base.get("logprobs"), a, b, where["char"])
+    return where
+
+
 def text_divergence(a: str, b: str, before: int = 40, after: int = 16) -> dict:
     """Where two completions' texts part: the end of their common prefix and what each continues with."""
     n = len(os.path.commonprefix([a, b]))
     return {"char": n, "context": a[max(0, n - before):n], "baseline": a[n:n + after], "candidate": b[n:n + after]}
+
+
+def at_parting(base_logprobs: list[dict] | None, base_text: str, cand_text: str, char: int) -> dict | None:
+    """The baseline's log-probabilities at the generated token where the candidate's text parts from it (``char``:
+    where the texts first differ): its own token, the candidate's token among its top alternatives (the longest one the
+    candidate's text continues with) and the gap between the two in nats. None without log-probabilities or where the
+    baseline's tokens do not spell its text (no position to read)."""
+    if not base_logprobs:
+        return None
+    tokens = [t.get("token") or "" for t in base_logprobs]
+    if "".join(tokens) != base_text:
+        return None
+    starts = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+
+    def alternative(i: int):
+        """The longest of token i's alternatives (not the baseline's own) that the candidate's text goes on with."""
+        own, rest = base_logprobs[i].get("token"), cand_text[starts[i]:]
+        return max(((tok, lp) for tok, lp in base_logprobs[i].get("top") or []
+                    if tok and tok != own and rest.startswith(tok)), key=lambda t: len(t[0]), default=None)
+
+    index = next((i for i, start in enumerate(starts) if start + len(tokens[i]) > char), len(tokens))
+    # Texts that differ at a token boundary may have parted one token earlier, where the candidate took a longer
+    # token than the baseline's ("strings" for "string" then "s"): that token is where they parted.
+    if index > 0 and starts[index - 1] + len(tokens[index - 1]) == char:
+        earlier = alternative(index - 1)
+        if earlier is not None and len(earlier[0]) > len(tokens[index - 1]):
+            index -= 1
+    if index == len(tokens):
+        return None  # the baseline ended where the candidate went on
+    entry = base_logprobs[index]
+    top = [(tok, lp) for tok, lp in entry.get("top") or []]
+    theirs = alternative(index)
+    out = {"token_index": index, "baseline_token": entry.get("token"), "baseline_logprob": entry.get("logprob"),
+           "top_k": len(top), "top_floor": top[-1][1] if top else None, "candidate_token": None,
+           "candidate_logprob": None, "gap_nats": None, "candidate_rank": None}
+    if theirs is not None:
+        out.update(candidate_token=theirs[0], candidate_logprob=theirs[1],
+                   gap_nats=(entry.get("logprob") or 0.0) - theirs[1],
+                   candidate_rank=[tok for tok, _ in top].index(theirs[0]) + 1)
+    return out
 
 
 def compare(baseline: list[dict], candidate: list[dict]) -> dict:
@@ -82,9 +135,7 @@ def compare(baseline: list[dict], candidate: list[dict]) -> dict:
         b = cand["token_ids"] if cand.get("token_ids") is not None else list(cand["text"])
         pos = first_divergence(a, b)
         per_prompt.append({"prompt_id": base["prompt_id"], "match": pos is None, "first_divergence": pos,
-                           "error": None,
-                           "where": None if pos is None else text_divergence(base.get("text") or "",
-                                                                              cand.get("text") or "")})
+                           "error": None, "where": None if pos is None else _parting(base, cand)})
     matches = sum(p["match"] for p in per_prompt)
     positions = [p["first_divergence"] for p in per_prompt if p["first_divergence"] is not None]
     return {"prompts": len(per_prompt), "exact_matches": matches,
