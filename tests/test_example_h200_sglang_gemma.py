@@ -1,7 +1,6 @@
 """The SGLang 0.5.17 sweep on real Gemma-3-270M weights recorded by the pipeline itself on an H200 host
 (examples/h200-sglang-gemma/): pass@1 and the lossless check on the GPU, NGRAM acceptance on real text; the report
 regenerates from the committed bench-job outputs."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import pandas as pd
 import pytest
 
 from servesweep.engines.sglang import SGLangEngine
+from servesweep.rebuild import report_from_example
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-sglang-gemma"
 RUNS = EXAMPLE / "runs"
@@ -16,11 +16,8 @@ RUNS = EXAMPLE / "runs"
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("h200_sglang_gemma_make_report", EXAMPLE / "make_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     out = tmp_path_factory.mktemp("h200-sglang-gemma-report")
-    return module.build_report(out), pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
+    return report_from_example(EXAMPLE, out), pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
 
 
 def test_both_configs_measured_both_workloads_with_three_repeats():

@@ -2,7 +2,6 @@
 with pass@1 and the lossless check, a random-weight Llama; the report regenerates from the committed bench-job outputs
 and says what the measurements show."""
 import gzip
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -11,6 +10,7 @@ import pandas as pd
 import pytest
 
 from servesweep.engines import get_engine
+from servesweep.rebuild import report_from_example
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-vllm"
 RUNS = EXAMPLE / "runs"
@@ -19,11 +19,8 @@ CONFIGS = ("gemma-ar", "gemma-ngram", "llama-ar", "llama-ngram")
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("h200_vllm_make_report", EXAMPLE / "make_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     out = tmp_path_factory.mktemp("h200-vllm-report")
-    return module.build_report(out), pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
+    return report_from_example(EXAMPLE, out), pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
 
 
 def test_every_config_finished_every_cell_with_three_repeats():
@@ -94,3 +91,16 @@ def test_requests_that_streamed_only_end_of_sequence_tokens():
     assert all(r["finish_reason"] == "length" and r["usage_completion_tokens"] == r["completion_tokens"]
                for r in only_eos)
     assert not [r for r in recs if r["error_kind"]]
+
+
+def test_rebuild_names_what_a_copied_example_lacks(tmp_path):
+    import shutil
+    copy = tmp_path / "example"
+    shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("report", "requests.jsonl.gz", "*.prom"))
+    for card in (copy / "pipeline" / "env").glob("*.md"):
+        card.unlink()
+    with pytest.raises(FileNotFoundError, match=r"pipeline/env: expected one host card \(\*\.md\), found 0"):
+        report_from_example(copy, tmp_path / "out")
+    shutil.rmtree(copy / "runs")
+    with pytest.raises(FileNotFoundError, match="no run folder of any of the config's server_configs"):
+        report_from_example(copy, tmp_path / "out")
