@@ -1,7 +1,8 @@
 """Build llama.cpp's native ``llama-server`` from the sources vendored in the llama-cpp-python sdist.
 
 The build is cached per machine (``$SERVESWEEP_CACHE`` or ``~/.cache/servesweep``), keyed by the sdist version and
-the build flavour, so it happens once per machine and never inside a benchmark job. A bundle's install step runs
+the build flavour, so it happens once per machine and never inside a benchmark job; a build that was stopped (a time
+limit, a killed command) resumes from its kept build tree the next time (``partial_dir``). A bundle's install step runs
 this module before servesweep's dependencies are importable: it uses the standard library only.
 """
 from __future__ import annotations
@@ -22,6 +23,12 @@ DEFAULT_VERSION = "0.3.36"
 
 def binary_path(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:
     return cache_root() / f"llama.cpp-{version}-{flavour}" / "bin" / "llama-server"
+
+
+def partial_dir(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:
+    """Where a build in progress keeps its sources and build tree, so that an interrupted build (a job's time limit,
+    a killed command) resumes where it stopped instead of starting over; removed once the binary is in place."""
+    return cache_root() / f"llama.cpp-{version}-{flavour}.partial"
 
 
 def _fetch_sdist(version: str, workdir: Path, log) -> Path:
@@ -69,27 +76,35 @@ def build_llama_server(version: str = DEFAULT_VERSION, flavour: str = "cpu", sdi
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists():
             return target
-        with tempfile.TemporaryDirectory(prefix="llama-build-") as tmp:
-            tmp = Path(tmp)
-            sdist = Path(sdist) if sdist else _fetch_sdist(version, tmp, log)
-            with tarfile.open(sdist) as tar:
-                tar.extractall(tmp / "src", filter="data")
-            roots = list((tmp / "src").glob("*/vendor/llama.cpp"))
-            if not roots:
-                raise RuntimeError(f"{sdist} has no vendor/llama.cpp directory")
-            src = roots[0]
-            build = tmp / "build"
-            steps = [
-                ["cmake", "-S", str(src), "-B", str(build), *cmake_args(flavour)],
-                ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)],
-            ]
-            for cmd in steps:
-                print("+ " + " ".join(cmd), file=log, flush=True)
-                subprocess.run(cmd, check=True, stdout=log, stderr=log)
-            built = build / "bin" / "llama-server"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(built, target.with_suffix(".tmp"))
-            os.replace(target.with_suffix(".tmp"), target)
+        work = partial_dir(version, flavour)
+        unpacked = work / "src.done"
+        if unpacked.exists():
+            print(f"resuming the interrupted build in {work}", file=log, flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            with tempfile.TemporaryDirectory(prefix="llama-sdist-") as tmp:
+                sdist = Path(sdist) if sdist else _fetch_sdist(version, Path(tmp), log)
+                with tarfile.open(sdist) as tar:
+                    tar.extractall(work / "src", filter="data")
+            unpacked.write_text(f"{sdist}\n")
+        roots = list((work / "src").glob("*/vendor/llama.cpp"))
+        if not roots:
+            shutil.rmtree(work, ignore_errors=True)
+            raise RuntimeError(f"{sdist} has no vendor/llama.cpp directory")
+        build = work / "build"
+        steps = [
+            ["cmake", "-S", str(roots[0]), "-B", str(build), *cmake_args(flavour)],
+            ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)],
+        ]
+        for cmd in steps:
+            print("+ " + " ".join(cmd), file=log, flush=True)
+            subprocess.run(cmd, check=True, stdout=log, stderr=log)
+        built = build / "bin" / "llama-server"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, target.with_suffix(".tmp"))
+        os.replace(target.with_suffix(".tmp"), target)
+        shutil.rmtree(work, ignore_errors=True)
     return target
 
 
