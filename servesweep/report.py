@@ -388,7 +388,9 @@ def replicate_findings(noise: dict) -> list[str]:
     return lines
 
 
-def noise_paragraph(noise: dict) -> list[str]:
+def noise_paragraph(noise: dict, workloads=()) -> list[str]:
+    """How the noise band was measured; ``workloads``: those the cells ran, to name any judged by a band borrowed
+    from another workload (no measurement of their own)."""
     source = noise.get("source")
     per = noise.get("by_workload") or {}
     each = (" (" + ", ".join(f"{w} ±{_pct(b)}" for w, b in sorted(per.items())) + ")") if len(per) > 1 else ""
@@ -401,6 +403,12 @@ def noise_paragraph(noise: dict) -> list[str]:
                 "(`<name>: {replicate_of: <baseline>}`) to measure that.")
     else:
         text = ("No noise band: " + noise.get("why", "not measured") + ". Set `matrix.repeats` to 3 or more.")
+    borrowed = sorted(set(workloads) - set(per)) if per and source in ("replicate", "baseline repeats") else []
+    if borrowed:
+        text += (f" {', '.join(f'`{w}`' for w in borrowed)} had no such measurement (the "
+                 f"{'replicates' if source == 'replicate' else 'baseline'} did not run "
+                 f"{'it' if len(borrowed) == 1 else 'them'}): {'its' if len(borrowed) == 1 else 'their'} cells are "
+                 f"judged against the sweep's band, ±{_pct(noise['band'])}, measured on other prompts.")
     return [text + " A config is called faster or slower only where the 95 % interval of its speedup lies "
             "entirely beyond 1 ± the band of its workload; otherwise the report says there is no measurable difference.", ""]
 
@@ -879,7 +887,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     lines += startup_section(metas)
     lines += workloads_section(metas, cells)
 
-    lines += ["## Findings", ""] + noise_paragraph(noise)
+    lines += ["## Findings", ""] + noise_paragraph(noise, set(cells["workload"]) if "workload" in cells else ())
     best = best_per_cell(cells, repeats, noise)
     lines.append("Best configuration per cell (output tok/s over the measured window, mean of the repeats; the "
                  "margin is the leader over the runner-up with its 95 % interval):")

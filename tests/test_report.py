@@ -306,3 +306,12 @@ def test_a_workload_without_length_rules_says_what_it_took():
     text = "\n".join(workloads_section([meta], pd.DataFrame({"config": ["ar"], "workload": ["humaneval"]})))
     assert ("160 prompts sampled with seed 0 (no length rules: every problem; drop prompt + output > context_len "
             "(when given))") in text and "None" not in text
+
+
+def test_a_workload_without_its_own_noise_measurement_is_named():
+    from servesweep.report import noise_paragraph
+    noise = {"source": "baseline repeats", "band": 0.108, "by_workload": {"sharegpt": 0.108}}
+    text = " ".join(noise_paragraph(noise, {"sharegpt", "synthetic"}))
+    assert ("`synthetic` had no such measurement (the baseline did not run it): its cells are judged against the "
+            "sweep's band, ±10.8 %, measured on other prompts.") in text
+    assert "no such measurement" not in " ".join(noise_paragraph(noise, {"sharegpt"}))
