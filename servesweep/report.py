@@ -259,8 +259,18 @@ def random_weight_drafting_note(cells: pd.DataFrame, configs: set[str]) -> str |
             "real model's acceptance; read them as engine overhead at that acceptance, not as a speedup to expect.")
 
 
+def lossless_failures(table: pd.DataFrame | None) -> dict[str, str]:
+    """Configs whose lossless check fell below 100 %, with how many completions matched, from the correctness table."""
+    if table is None or table.empty or "lossless" not in table:
+        return {}
+    rows = table[table["lossless"] == "below 100 %"]
+    return {r.config: f"{round(r.exact_match_rate * r.lossless_prompts)} of {int(r.lossless_prompts)}"
+            for r in rows.itertuples()}
+
+
 def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos: list[SLO],
-                 cost: dict | None, random_weight_speculative: set[str] | None = None) -> list[str]:
+                 cost: dict | None, random_weight_speculative: set[str] | None = None,
+                 not_lossless: dict[str, str] | None = None) -> list[str]:
     """The report's opening: per service-level target and prompt set, the best config × cell meeting it and its
     runner-up (``slo_choice``), then the frontier chart. ``random_weight_speculative``: speculative configs that
     served random weights, warned about where a pick or runner-up is one of them."""
@@ -288,6 +298,13 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos:
     drafting = random_weight_drafting_note(cells, (random_weight_speculative or set()) & named)
     if drafting:
         lines += [drafting, ""]
+    changed = {c: n for c, n in (not_lossless or {}).items() if c in named}
+    if changed:
+        lines += ["**Greedy output changed** under "
+                  + "; ".join(f"`{c}` ({n} lossless-check completions matched the baseline's)"
+                              for c, n in sorted(changed.items()))
+                  + ", named above: its speed is what was measured, but its greedy output is not always the "
+                  "baseline's (Correctness section).", ""]
     if not cost.get("gpu_hour") and not cost.get("kwh"):
         notes.append("No prices in the config's `cost:` section: cost per million tokens is not computed.")
     if not has_gpu_energy(cells):
@@ -876,7 +893,9 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     host = metas[0].get("host") if metas else "?"
 
     random_spec = {m["config"] for m in metas if m.get("load_format") == "dummy" and m["speculative"]}
-    lines = ["# Findings", ""] + first_screen(cells, repeats, noise, slos or [], cost, random_spec)
+    correctness = pd.read_csv(inputs.correctness) if inputs.correctness and inputs.correctness.exists() else None
+    lines = ["# Findings", ""] + first_screen(cells, repeats, noise, slos or [], cost, random_spec,
+                                              lossless_failures(correctness))
     cpu = metas[0].get("cpu_model") if metas else None
     cores = metas[0].get("cpu_count") if metas else None
     cpu_text = (f" (CPU: {cpu}, {cores} cores — host-bound cells depend on it)" if cpu

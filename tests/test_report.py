@@ -315,3 +315,15 @@ def test_a_workload_without_its_own_noise_measurement_is_named():
     assert ("`synthetic` had no such measurement (the baseline did not run it): its cells are judged against the "
             "sweep's band, ±10.8 %, measured on other prompts.") in text
     assert "no such measurement" not in " ".join(noise_paragraph(noise, {"sharegpt"}))
+
+
+def test_a_pick_whose_greedy_output_changed_is_flagged_in_the_summary():
+    from servesweep.report import lossless_failures
+    cells, reps = sweep([("ar", 64, 1000.0, 0.1, 0.01, 1), ("ngram", 64, 1500.0, 0.1, 0.01, 1)])
+    table = pd.DataFrame({"config": ["ar", "ngram", "other"], "lossless": [None, "below 100 %", "below 100 %"],
+                          "exact_match_rate": [None, 0.875, 0.5], "lossless_prompts": [None, 8, 8]})
+    assert lossless_failures(table) == {"ngram": "7 of 8", "other": "4 of 8"}
+    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}, None, lossless_failures(table)))
+    assert ("**Greedy output changed** under `ngram` (7 of 8 lossless-check completions matched the baseline's), "
+            "named above") in text and "`other`" not in text
+    assert "Greedy output changed" not in "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
