@@ -604,8 +604,9 @@ def startup_section(metas: list[dict]) -> list[str]:
             parts.append(f"max running requests {phases['max_running_requests']}"
                          + (" (reset by the engine)" if phases.get("max_running_requests_reset_to") else ""))
         growth = m.get("startup_cache_growth_bytes")
-        cold = (f" This launch filled kernel caches ({describe_growth(growth)}): its ready time includes one-time "
-                "work a later launch on this host does not repeat." if growth else "")
+        cold = (f" This launch filled kernel caches ({describe_growth(growth)}): its ready time includes work whose "
+                "results a later launch on this host can read from them (how much that saves was not measured here)."
+                if growth else "")
         lines.append(text + (f". From the log: {'; '.join(parts)}." if parts else ".") + cold)
     warm = warmup_lines(metas)
     if warm and len(lines) > 2:
