@@ -318,9 +318,11 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos:
     return lines
 
 
-def speedup_findings(speedup: pd.DataFrame, noise: dict, baseline: str) -> list[str]:
+def speedup_findings(speedup: pd.DataFrame, noise: dict, baseline: str,
+                     random_weight_speculative: set[str] = frozenset()) -> list[str]:
     """Per config and workload/prompt length: where it is measurably faster or slower than the baseline, with
-    every cell's speedup and interval; replicates of a config are reported as the A/A check they are."""
+    every cell's speedup and interval; replicates of a config are reported as the A/A check they are. Speculative
+    configs on random weights are marked: their acceptance is not a real model's."""
     lines = []
     for cfg, grp in speedup.groupby("config"):
         for key, g in grp.sort_values("concurrency").groupby(["workload", "ctx"]):
@@ -331,7 +333,9 @@ def speedup_findings(speedup: pd.DataFrame, noise: dict, baseline: str) -> list[
                 f"C={int(r.concurrency)}: {r.speedup:.2f}× "
                 + (f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if pd.notna(r.speedup_lo) else "(no interval)")
                 for r in g.itertuples())
-            lines.append(f"- `{cfg}` {where} {significance_words(g, band)} ({series}).")
+            caveat = (" Speculative on random weights: these speedups rest on drafts random weights make easy, not on "
+                      "a real model's acceptance." if cfg in random_weight_speculative else "")
+            lines.append(f"- `{cfg}` {where} {significance_words(g, band)} ({series}).{caveat}")
     return lines
 
 
@@ -917,8 +921,10 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
         if not isinstance(r.runner_up, str):
             lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s), the only config measured.")
         elif r.verdict == "faster":
+            caveat = (" (speculative on random weights: not a real model's acceptance)"
+                      if r.config in random_spec or r.runner_up in random_spec else "")
             lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s), {r.margin:.2f}× "
-                         f"[{r.margin_lo:.2f}, {r.margin_hi:.2f}] over `{r.runner_up}` — measurably ahead.")
+                         f"[{r.margin_lo:.2f}, {r.margin_hi:.2f}] over `{r.runner_up}` — measurably ahead{caveat}.")
         elif r.verdict == "not measurable":
             lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s) ahead of `{r.runner_up}` by "
                          f"{r.margin:.2f}×, but one repeat gives no interval: not a finding.")
@@ -926,7 +932,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
             lines.append(f"- {where}: no measurable winner — `{r.config}` ({r.agg_output_tok_s:.1f} tok/s) and "
                          f"`{r.runner_up}` are {r.margin:.2f}× [{_fmt(r.margin_lo, '.2f')}, {_fmt(r.margin_hi, '.2f')}] "
                          "apart, within the noise.")
-    spec = speedup_findings(speedup, noise, baseline)
+    spec = speedup_findings(speedup, noise, baseline, random_spec)
     if spec:
         lines += ["", f"Against the baseline `{baseline}` at matched cells (speedup of output tok/s, [95 % Fieller "
                   "interval over the repeats]):", ""] + spec

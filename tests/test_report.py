@@ -327,3 +327,13 @@ def test_a_pick_whose_greedy_output_changed_is_flagged_in_the_summary():
     assert ("**Greedy output changed** under `ngram` (7 of 8 lossless-check completions matched the baseline's), "
             "named above") in text and "`other`" not in text
     assert "Greedy output changed" not in "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+
+
+def test_speedups_of_speculative_configs_on_random_weights_are_marked():
+    from servesweep.report import speedup_findings
+    speedup = pd.DataFrame({"config": ["ngram"] * 2, "workload": ["synthetic"] * 2, "ctx": [1024] * 2,
+                            "concurrency": [1, 16], "speedup": [2.0, 1.1], "speedup_lo": [1.9, 0.9],
+                            "speedup_hi": [2.1, 1.3], "verdict": ["faster", "no measurable difference"]})
+    marked = "\n".join(speedup_findings(speedup, NOISE, "ar", {"ngram"}))
+    assert "(C=1: 2.00× [1.90, 2.10]; C=16: 1.10× [0.90, 1.30]). Speculative on random weights" in marked
+    assert "random weights" not in "\n".join(speedup_findings(speedup, NOISE, "ar"))
