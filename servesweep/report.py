@@ -721,6 +721,9 @@ def _logprob_text(lp: dict | None, config: str) -> str:
     """The baseline's log-probabilities at a parting, as the report shows them."""
     if not lp:
         return ""
+    if lp.get("unplaced"):
+        return (" (the baseline's log-probabilities could not be placed at this parting: its tokens do not spell its "
+                "text)")
     mine = f"`{_shown(lp['baseline_token'] or '')}` {lp['baseline_logprob']:.3f}"
     if lp.get("candidate_token") is None:
         floor = f", the {lp['top_k']}th at {lp['top_floor']:.3f}" if lp.get("top_floor") is not None else ""
@@ -734,11 +737,14 @@ def _logprob_text(lp: dict | None, config: str) -> str:
 def _why_text(divergences) -> str:
     """What the recorded log-probabilities say about why greedy outputs parted, without claiming a cause."""
     parted = json.loads(divergences) if isinstance(divergences, str) and divergences else []
-    measured = [d["logprobs"] for d in parted if d.get("logprobs")]
+    measured = [d["logprobs"] for d in parted if d.get("logprobs") and not d["logprobs"].get("unplaced")]
     if not measured:
+        recorded = any(d.get("logprobs") for d in parted)
         return ("This check does not say why it did: a drafting or verification fault, or the verify pass's "
                 "floating-point arithmetic differing from plain decoding's where the two likeliest tokens nearly tie, "
-                "would both show this way; no log-probabilities were recorded to tell them apart.")
+                "would both show this way; "
+                + ("the baseline's log-probabilities could not be placed at any parting to tell them apart."
+                   if recorded else "no log-probabilities were recorded to tell them apart."))
     near = sum(1 for lp in measured if lp.get("gap_nats") is not None and lp["gap_nats"] < NEAR_TIE_NATS)
     return (f"Of the {len(measured)} parting(s) where the baseline's log-probabilities were recorded, {near} "
             f"{'is a near tie' if near == 1 else 'are near ties'} (the two tokens within {NEAR_TIE_NATS} nats), "

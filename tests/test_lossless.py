@@ -248,3 +248,15 @@ def test_report_reads_near_ties_from_recorded_logprobs(tmp_path):
     assert ("Of the 2 parting(s) where the baseline's log-probabilities were recorded, 1 is a near tie (the two "
             "tokens within 0.1 nats), which floating-point differences between the verify pass and plain decoding "
             "can flip; 1 is not, which such differences do not explain.") in text
+
+
+def test_logprobs_that_cannot_be_placed_are_said_to_be_so(tmp_path):
+    coding, greedy, meta = sweep(tmp_path, [[1, 2, 3, 4], [1, 2, 7, 4], [1, 2, 3, 4], [1, 2, 3, 4]])
+    records = [json.loads(line) for line in greedy[0].read_text().splitlines()]
+    records[1]["logprobs"] = _lp(("1", -0.1, []), (" two", -0.1, []))  # does not spell "1 2 3 4"
+    greedy[0].write_text("".join(json.dumps(r) + "\n" for r in records))
+    csv, md = tmp_path / "correctness.csv", tmp_path / "correctness.md"
+    write_correctness_tables(coding, greedy, meta, "ar", csv, md)
+    text = "\n".join(correctness_section(pd.read_csv(csv), md.read_text(), "ar"))
+    assert "(the baseline's log-probabilities could not be placed at this parting: its tokens do not spell its text)" \
+        in text and "could not be placed at any parting to tell them apart" in text

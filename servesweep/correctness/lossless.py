@@ -72,6 +72,9 @@ def _parting(base: dict, cand: dict) -> dict:
     a, b = base.get("text") or "", cand.get("text") or ""
     where = text_divergence(a, b)
     where["logprobs"] = at_parting(base.get("logprobs"), a, b, where["char"])
+    if where["logprobs"] is None and base.get("logprobs"):
+        # recorded, but the tokens do not spell the text (or the baseline ended first): no position to read them at
+        where["logprobs"] = {"unplaced": True}
     return where
 
 
