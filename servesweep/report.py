@@ -772,6 +772,15 @@ def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> li
     spec = table[table["speculative"] & (table["config"] != baseline)]
     lines += ["", "Lossless check (the same greedy fixed-length prompts, one request at a time, against "
               f"`{baseline}`):", ""]
+    base_row = table[table["config"] == baseline]
+    rerun = base_row["greedy_rerun"].iloc[0] if "greedy_rerun" in table and not base_row.empty else None
+    if isinstance(rerun, str):
+        matched, total = (int(x) for x in rerun.split(" of "))
+        lines.append(f"- `{baseline}` (the baseline) generated each prompt a second time, asking for "
+                     f"log-probabilities: {rerun} completions identical to the first"
+                     + ("." if matched == total else
+                        " — **its own greedy output does not repeat here**, so a speculative config's divergence "
+                        "from it cannot be laid on speculation from this check alone."))
     if spec.empty:
         lines.append("- no speculative config in this sweep.")
     for r in spec.itertuples():

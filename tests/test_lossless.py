@@ -260,3 +260,41 @@ def test_logprobs_that_cannot_be_placed_are_said_to_be_so(tmp_path):
     text = "\n".join(correctness_section(pd.read_csv(csv), md.read_text(), "ar"))
     assert "(the baseline's log-probabilities could not be placed at this parting: its tokens do not spell its text)" \
         in text and "could not be placed at any parting to tell them apart" in text
+
+
+def test_the_baseline_reruns_for_logprobs_without_changing_what_is_compared():
+    import asyncio
+
+    from servesweep.correctness.lossless import generate, rerun_summary
+    texts = iter(["a b", "c d"])
+
+    async def plain(prompt):
+        return {"text": "same", "finish_reason": "length", "completion_tokens": 1}
+
+    async def with_logprobs(prompt):  # the second pass: the first prompt repeats its text, the second does not
+        text = {"a b": "same", "c d": "other"}[next(texts)]
+        return {"text": text, "logprobs": [{"token": text, "logprob": -0.1, "top": [[text, -0.1]]}]}
+
+    async def tokenize(text):
+        return [len(text)]
+
+    records = asyncio.run(generate(plain, tokenize, 2, with_logprobs))
+    assert [r["text"] for r in records] == ["same", "same"]  # what is compared: the plain requests' text
+    assert [r["rerun_matches"] for r in records] == [True, False]
+    assert "logprobs" in records[0] and "logprobs" not in records[1]  # kept only where they describe the text
+    assert rerun_summary(records) == (1, 2)
+    assert rerun_summary(asyncio.run(generate(plain, tokenize, 2))) is None
+
+
+def test_report_says_whether_the_baselines_own_greedy_output_repeats(tmp_path):
+    coding, greedy, meta = sweep(tmp_path, [[1, 2, 3, 4]] * 4)
+    records = [json.loads(line) for line in greedy[0].read_text().splitlines()]
+    for r, same in zip(records, (True, True, False, True)):
+        r["rerun_matches"] = same
+    greedy[0].write_text("".join(json.dumps(r) + "\n" for r in records))
+    csv, md = tmp_path / "correctness.csv", tmp_path / "correctness.md"
+    write_correctness_tables(coding, greedy, meta, "ar", csv, md)
+    assert pd.read_csv(csv).set_index("config").loc["ar", "greedy_rerun"] == "3 of 4"
+    text = "\n".join(correctness_section(pd.read_csv(csv), md.read_text(), "ar"))
+    assert ("- `ar` (the baseline) generated each prompt a second time, asking for log-probabilities: 3 of 4 "
+            "completions identical to the first — **its own greedy output does not repeat here**") in text

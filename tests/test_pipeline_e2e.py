@@ -143,13 +143,17 @@ def test_pipeline_end_to_end(workdir):
     correctness = pd.read_csv(workdir / "results/tables/correctness.csv")
     assert set(correctness["config"]) == {"ar", "ngram", "ar-copy"}
     assert "## Correctness" in findings
-    # The real llama-server returned each greedy token's log-probabilities to the baseline (not to the speculative
-    # config): the tokens spell the completion, the likeliest alternative first.
+    # The baseline generated each greedy prompt a second time asking the real llama-server for log-probabilities
+    # (the speculative config did not): where the second text matched, its tokens spell the completion, likeliest
+    # alternative first.
     base = [json.loads(line) for line in (workdir / "results/runs/ar/greedy.jsonl").read_text().splitlines()]
-    assert all("".join(t["token"] for t in r["logprobs"]) == r["text"] for r in base)
-    assert all(t["top"][0][1] >= t["top"][-1][1] and len(t["top"]) == 5 for r in base for t in r["logprobs"])
+    assert all("rerun_matches" in r for r in base) and any("logprobs" in r for r in base)
+    assert all("".join(t["token"] for t in r["logprobs"]) == r["text"] for r in base if "logprobs" in r)
+    assert all(t["top"][0][1] >= t["top"][-1][1] and len(t["top"]) == 5
+               for r in base if "logprobs" in r for t in r["logprobs"])
     spec = [json.loads(line) for line in (workdir / "results/runs/ngram/greedy.jsonl").read_text().splitlines()]
-    assert spec and not any("logprobs" in r for r in spec)
+    assert spec and not any("logprobs" in r or "rerun_matches" in r for r in spec)
+    assert correctness.set_index("config").loc["ar", "greedy_rerun"].endswith(f" of {len(base)}")
     leftover = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True).stdout.split()
     assert not leftover, "a server outlived its job"
 

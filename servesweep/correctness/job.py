@@ -103,21 +103,23 @@ async def _generate(server, engine, sc, settings: CorrectnessSettings, problems:
             return await complete(session, server.base_url, sc.served_name, prompt, settings.max_tokens,
                                   {"stop": humaneval.STOP})
 
-        # The configs that do not decode speculatively (the lossless check's baselines) also return each generated
-        # token's log-probability and the likeliest alternatives, so the check can tell a near tie where a
-        # speculative config parts from them; speculative configs are asked for nothing beyond the greedy text.
-        greedy_fields = {**engine.request_fields(sc),
-                         **({} if lossless.is_speculative(_as_dict(sc)) else {"logprobs": lossless.TOP_LOGPROBS})}
-
         async def fixed_length(prompt: str) -> dict:
             return await complete(session, server.base_url, sc.served_name, prompt, settings.lossless_output_tokens,
-                                  greedy_fields)
+                                  engine.request_fields(sc))
+
+        # The configs that do not decode speculatively (the lossless check's baselines) generate each prompt a second
+        # time asking for every token's log-probability and likeliest alternatives, so the check can tell a near tie
+        # where a speculative config parts from them (and whether their own greedy output repeats).
+        async def fixed_length_logprobs(prompt: str) -> dict:
+            return await complete(session, server.base_url, sc.served_name, prompt, settings.lossless_output_tokens,
+                                  {**engine.request_fields(sc), "logprobs": lossless.TOP_LOGPROBS})
 
         async def tokenize(text: str) -> list[int]:
             return await engine.tokenize(session, server.base_url, text)
 
         completions = await humaneval.generate(coding, problems)
-        greedy = await lossless.generate(fixed_length, tokenize, settings.lossless_prompts)
+        greedy = await lossless.generate(fixed_length, tokenize, settings.lossless_prompts,
+                                         None if lossless.is_speculative(_as_dict(sc)) else fixed_length_logprobs)
     return completions, greedy
 
 

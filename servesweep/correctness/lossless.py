@@ -44,19 +44,39 @@ def lossless_prompts(n: int) -> list[tuple[str, str]]:
 
 
 async def generate(complete: Callable[[str], Awaitable[dict]], tokenize: Callable[[str], Awaitable[list[int]]],
-                   n_prompts: int) -> list[dict]:
-    """Greedy fixed-length completions of the N prompts with their token ids, one request at a time."""
+                   n_prompts: int, with_logprobs: Callable[[str], Awaitable[dict]] | None = None) -> list[dict]:
+    """Greedy fixed-length completions of the N prompts with their token ids, one request at a time.
+
+    ``with_logprobs`` (a baseline's): each prompt is generated a second time asking for log-probabilities. The compared
+    text stays the first, plain request's, so asking for log-probabilities cannot change what is compared; whether the
+    second text equals the first is kept (``rerun_matches``: the baseline's own greedy reproducibility), and its
+    log-probabilities are kept only where it does (``logprobs``), since they describe that text.
+    """
     records = []
     for index, (prompt_id, prompt) in enumerate(lossless_prompts(n_prompts)):
         record = {"index": index, "prompt_id": prompt_id, "text": None, "token_ids": None, "error": None}
         try:
             out = await complete(prompt)
-            record.update(out)
+            record.update({k: v for k, v in out.items() if k != "logprobs"})
             record["token_ids"] = await tokenize(out["text"])
         except Exception as exc:  # one failed prompt is recorded and counted as a mismatch, not fatal
             record["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        if with_logprobs is not None and record["error"] is None:
+            try:
+                again = await with_logprobs(prompt)
+                record["rerun_matches"] = again.get("text") == record["text"]
+                if record["rerun_matches"] and again.get("logprobs"):
+                    record["logprobs"] = again["logprobs"]
+            except Exception as exc:  # the diagnosis is optional: its failure is recorded, the check goes on
+                record["rerun_error"] = f"{type(exc).__name__}: {exc}"[:300]
         records.append(record)
     return records
+
+
+def rerun_summary(records: list[dict]) -> tuple[int, int] | None:
+    """(matched, rerun) of a baseline's second greedy pass; None where none was made."""
+    reran = [r for r in records if "rerun_matches" in r]
+    return (sum(bool(r["rerun_matches"]) for r in reran), len(reran)) if reran else None
 
 
 def first_divergence(a: list, b: list) -> int | None:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from servesweep.correctness.lossless import compare, is_speculative, read_greedy
+from servesweep.correctness.lossless import compare, is_speculative, read_greedy, rerun_summary
 from servesweep.correctness.sandbox import UNSANDBOXED
 
 COLUMNS = ["config", "speculative", "pass_at_1", "passed", "problems", "failed", "errors", "timeouts",
-           "lossless_prompts", "exact_match_rate", "first_divergence_token", "divergences", "lossless", "sandbox",
-           "sandbox_network", "sandbox_filesystem", "skipped"]
+           "lossless_prompts", "exact_match_rate", "first_divergence_token", "divergences", "lossless", "greedy_rerun",
+           "sandbox", "sandbox_network", "sandbox_filesystem", "skipped"]
 
 
 def _by_config(paths) -> dict[str, Path]:
@@ -39,6 +39,9 @@ def correctness_table(coding_paths: list[Path], greedy_paths: list[Path], meta_p
                "sandbox_filesystem": result.get("sandbox", {}).get("filesystem"), "skipped": result.get("skipped"),
                "lossless_prompts": None, "exact_match_rate": None, "first_divergence_token": None,
                "divergences": None, "lossless": None}
+        rerun = rerun_summary(greedy.get(cfg, []))
+        # its own greedy output generated twice: "matched of rerun", the reproducibility the lossless check relies on
+        row["greedy_rerun"] = f"{rerun[0]} of {rerun[1]}" if rerun else None
         if speculative and cfg != baseline:
             if result.get("skipped"):
                 row["lossless"] = "skipped"
