@@ -9,12 +9,12 @@ import os
 import socket
 import subprocess
 import sys
-import tarfile
 import venv
 from pathlib import Path
 
 import pytest
 
+from fake_sdist import fake_llama_sdist
 from servesweep import bundle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,25 +54,11 @@ def net_bundle(tmp_path_factory) -> Path:
     if _OFFLINE:
         pytest.skip(_OFFLINE)
     tmp = tmp_path_factory.mktemp("net")
-    sdist = _fake_llama_sdist(tmp)
+    sdist = fake_llama_sdist(tmp)
     code = bundle.main(["build", "--out", str(tmp / "b"), "--no-deps", "--add", "python-dateutil", "--add",
                         "tabulate", "--llama-sdist", str(sdist), "--llama-cpp-python", "0.0.1"])
     assert code == 0
     return tmp / "b"
-
-
-def _fake_llama_sdist(tmp: Path) -> Path:
-    """An sdist shaped like llama-cpp-python's: vendor/llama.cpp with a CMake project whose llama-server is tiny."""
-    src = tmp / "llama_cpp_python-0.0.1" / "vendor" / "llama.cpp"
-    src.mkdir(parents=True)
-    (src / "CMakeLists.txt").write_text(
-        "cmake_minimum_required(VERSION 3.10)\nproject(fake C)\n"
-        "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\nadd_executable(llama-server server.c)\n")
-    (src / "server.c").write_text('#include <stdio.h>\nint main(void){puts("fake llama-server");return 0;}\n')
-    sdist = tmp / "llama_cpp_python-0.0.1.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
-        tar.add(tmp / "llama_cpp_python-0.0.1", arcname="llama_cpp_python-0.0.1")
-    return sdist
 
 
 def _fresh_venv(path: Path) -> Path:

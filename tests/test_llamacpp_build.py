@@ -6,25 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from fake_sdist import fake_llama_sdist
 from servesweep.engines import llamacpp_build
-
-
-def _sdist(tmp: Path) -> Path:
-    src = tmp / "llama_cpp_python-0.0.2" / "vendor" / "llama.cpp"
-    src.mkdir(parents=True)
-    (src / "CMakeLists.txt").write_text(
-        "cmake_minimum_required(VERSION 3.10)\nproject(fake C)\n"
-        "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\nadd_executable(llama-server server.c)\n")
-    (src / "server.c").write_text('#include <stdio.h>\nint main(void){puts("resumed llama-server");return 0;}\n')
-    sdist = tmp / "llama_cpp_python-0.0.2.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
-        tar.add(tmp / "llama_cpp_python-0.0.2", arcname="llama_cpp_python-0.0.2")
-    return sdist
 
 
 def test_a_stopped_build_resumes_from_its_build_tree(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVESWEEP_CACHE", str(tmp_path / "cache"))
-    sdist = _sdist(tmp_path)
+    sdist = fake_llama_sdist(tmp_path, "0.0.2", "resumed llama-server")
     real_run = subprocess.run
 
     def stopped_at_the_compile(cmd, **kw):
