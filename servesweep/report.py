@@ -256,7 +256,8 @@ def random_weight_drafting_note(cells: pd.DataFrame, configs: set[str]) -> str |
                      f"{100 * accepted / drafted:.0f} %)" if drafted > 0 else f"`{cfg}`")
     return (f"**Speculative decoding on random weights** in {', '.join(parts)}: the picks and margins above that "
             "involve it measure how well drafts match what random weights generate, which says nothing about a "
-            "real model's acceptance; read them as engine overhead at that acceptance, not as a speedup to expect.")
+            "real model's acceptance; read them as what the engine does at that acceptance, not as a speedup to "
+            "expect.")
 
 
 def lossless_failures(table: pd.DataFrame | None) -> dict[str, str]:
