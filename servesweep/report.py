@@ -706,11 +706,11 @@ def _shown(text: str) -> str:
     return repr(text)[1:-1].replace("`", "'")
 
 
-def _divergence_text(divergences, config: str, most: int = 3) -> str:
+def _divergence_text(parted: list[dict], config: str, most: int = 3) -> str:
     """Where the diverging completions part from the baseline's, as text (up to ``most`` prompts)."""
-    if not isinstance(divergences, str) or not divergences:
+    if not parted:
         return ""
-    parted = sorted(json.loads(divergences), key=lambda d: d["token"])
+    parted = sorted(parted, key=lambda d: d["token"])
     shown = [f"{d['prompt_id']} at token {d['token']}: after `…{_shown(d['context'])}` the baseline continued "
              f"`{_shown(d['baseline'])}`, `{config}` `{_shown(d['candidate'])}`"
              + _logprob_text(d.get("logprobs"), config) for d in parted[:most]]
@@ -735,9 +735,8 @@ def _logprob_text(lp: dict | None, config: str) -> str:
             f"{lp['candidate_logprob']:.3f}: {lp['gap_nats']:.3f} nats apart{tie})")
 
 
-def _why_text(divergences) -> str:
+def _why_text(parted: list[dict]) -> str:
     """What the recorded log-probabilities say about why greedy outputs parted, without claiming a cause."""
-    parted = json.loads(divergences) if isinstance(divergences, str) and divergences else []
     measured = [d["logprobs"] for d in parted if d.get("logprobs") and not d["logprobs"].get("unplaced")]
     if not measured:
         recorded = any(d.get("logprobs") for d in parted)
@@ -789,10 +788,11 @@ def correctness_section(table: pd.DataFrame, table_md: str, baseline: str) -> li
             lines.append(f"- `{r.config}`: {int(r.lossless_prompts)}/{int(r.lossless_prompts)} completions identical "
                          "(100 %): lossless.")
         elif r.lossless == "below 100 %":
+            parted = json.loads(r.divergences) if isinstance(r.divergences, str) and r.divergences else []
             lines.append(f"- `{r.config}`: **below 100 %** — {100 * r.exact_match_rate:.0f} % of "
                          f"{int(r.lossless_prompts)} completions identical; first divergence at token "
-                         f"{int(r.first_divergence_token)}.{_divergence_text(r.divergences, r.config)} Greedy "
-                         f"output should not change under speculative decoding. {_why_text(r.divergences)}")
+                         f"{int(r.first_divergence_token)}.{_divergence_text(parted, r.config)} Greedy "
+                         f"output should not change under speculative decoding. {_why_text(parted)}")
         else:
             lines.append(f"- `{r.config}`: not checked ({r.lossless}).")
     networks = sorted(set(table["sandbox_network"].dropna()))

@@ -12,22 +12,15 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from servesweep.config import apply_defaults  # noqa: E402
-from servesweep.rebuild import report_from_runs  # noqa: E402
-
-CONFIGS = ("ar", "ar-nograph", "ngram")
+from servesweep.rebuild import report_from_example  # noqa: E402
 
 
 def build_report(out: Path = HERE / "report", charts: bool = False) -> str:
     """Write the tables and FINDINGS.md under ``out``; return the report's text."""
-    config = apply_defaults(yaml.safe_load((HERE / "config.yaml").read_text()))
-    return report_from_runs([HERE / "runs" / c for c in CONFIGS], config, HERE / "pipeline" / "env" / "vm.md", out,
-                            charts=charts)
+    return report_from_example(HERE, out, charts=charts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
@@ -91,11 +91,6 @@ def check_sandbox(sc, correctness_cfg: dict | None) -> None:
                                  f"{probe['error']} — fix: {NO_SANDBOX_FIX}")
 
 
-def _as_dict(sc: ServerConfig) -> dict:
-    """The parts of a server config that say whether it decodes speculatively."""
-    return {"labels": sc.labels, "options": sc.options, "extra_args": sc.extra_args}
-
-
 async def _generate(server, engine, sc, settings: CorrectnessSettings, problems: list[dict]):
     timeout = aiohttp.ClientTimeout(total=sc.request_timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -119,7 +114,7 @@ async def _generate(server, engine, sc, settings: CorrectnessSettings, problems:
 
         completions = await humaneval.generate(coding, problems)
         greedy = await lossless.generate(fixed_length, tokenize, settings.lossless_prompts,
-                                         None if lossless.is_speculative(_as_dict(sc)) else fixed_length_logprobs)
+                                         None if lossless.is_speculative(asdict(sc)) else fixed_length_logprobs)
     return completions, greedy
 
 

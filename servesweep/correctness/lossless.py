@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from itertools import accumulate
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -114,7 +115,7 @@ def at_parting(base_logprobs: list[dict] | None, base_text: str, cand_text: str,
     tokens = [t.get("token") or "" for t in base_logprobs]
     if "".join(tokens) != base_text:
         return None
-    starts = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    starts = list(accumulate((len(t) for t in tokens[:-1]), initial=0))
 
     def alternative(i: int):
         """The longest of token i's alternatives (not the baseline's own) that the candidate's text goes on with."""
