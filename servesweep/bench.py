@@ -27,6 +27,7 @@ from servesweep.clock import now
 from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
 from servesweep.engines import get_engine
+from servesweep.envcheck import cpu_model
 from servesweep.lifecycle import (ServerProcess, ServerStartError, claim_launch, lease_for_config, tail_lines,
                                   wait_until_ready)
 from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
@@ -113,17 +114,6 @@ class JobPaths:
         return cls(run / "cells.csv", run / "repeats.csv", run / "requests.jsonl", run / "meta.json",
                    run / "server.log", run / "telemetry.csv", Path(results) / "attempts" / cfg / stamp,
                    Path(results) / ".servers")
-
-
-def cpu_model() -> str:
-    """The host CPU's model name (host-bound cells depend on it), from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 class CellWriter:

@@ -22,7 +22,8 @@ arithmetic from waiting arithmetic:
 4. otherwise                                                                      → mixed
 
 Thresholds sit between calibration workloads measured on one H200 (700 W limit) through this pipeline's telemetry
-(``examples/h200-llamacpp/calibration.csv``) and on two NVLink-linked H200s:
+(``benchmarks/gpu_calibration.py``; figures in ``tests/data/h200-calibration/calibration.csv``) and on two
+NVLink-linked H200s:
 
 | workload | NVML util | power (% of limit) | GPM SM | GPM DRAM-BW | GPM tensor | NVLink per GPU |
 |---|---|---|---|---|---|---|

@@ -386,7 +386,8 @@ def check_host(needs: dict, engine_facts: list[dict], manifests: list[dict], roo
     checks = [fn(facts, needs) for fn in CHECKS] + check_engines(facts, needs)
     return {"host": facts.get("host", socket.gethostname()), "platform": facts.get("platform", platform.platform()),
             "python": facts.get("python", {}).get("version", platform.python_version()),
-            "cpu_count": facts.get("cpu_count", os.cpu_count()), "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "cpu_count": facts.get("cpu_count", os.cpu_count()), "cpu_model": facts.get("cpu_model") or cpu_model(),
+            "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             # Which copy of the library the jobs import: the checkout's, or an installed wheel's.
             "servesweep_package": str(Path(__file__).resolve().parent),
             "needs": {"engines": list(needs.get("engines", [])), "max_gpus": int(needs.get("max_gpus", 0)),
@@ -396,11 +397,23 @@ def check_host(needs: dict, engine_facts: list[dict], manifests: list[dict], roo
             "checks": checks}
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (host-bound cells depend on it), from /proc/cpuinfo where there is one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def render_card(result: dict) -> str:
     """The markdown card the report includes."""
     needs = result.get("needs", {})
     lines = [f"### Host `{result['host']}`", "",
-             f"{result['platform']}, Python {result['python']}, {result['cpu_count']} CPUs; checked "
+             f"{result['platform']}, Python {result['python']}, {result['cpu_count']} CPUs"
+             f"{' (' + result['cpu_model'] + ')' if result.get('cpu_model') else ''}; checked "
              f"{result['checked_at']} for engines {', '.join(needs.get('engines') or ['-'])} with up to "
              f"{needs.get('max_gpus', 0)} GPUs per server.", "",
              "| check | status | detail | fix |", "|---|---|---|---|"]
@@ -429,7 +442,7 @@ def gather_facts(needs: dict, engine_facts: list[dict], manifests: list[dict], r
     nvml = probe_nvml()
     stack = probe_python_stack(stack_python, smoke=("error" not in nvml))
     return {"host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "python": probe_python_headers(), "nvml": nvml, "cuda_driver": probe_cuda_driver(),
+            "cpu_model": cpu_model(), "python": probe_python_headers(), "nvml": nvml, "cuda_driver": probe_cuda_driver(),
             "nvcc": probe_nvcc(), "stack": stack, "engines": probe_engines(prepared, stack),
             "disk": probe_disk(root, needs, manifests), "multicast_env": probe_multicast_env(),
             "sandbox": self_test()}

@@ -14,7 +14,7 @@ CPU_ONLY = {"engines": ["llamacpp"], "max_gpus": 0, "models": {}}
 def h200_facts(n=8) -> dict:
     """A healthy 8 × H200 host."""
     return {
-        "host": "h200-node", "platform": "Linux", "cpu_count": 128,
+        "host": "h200-node", "platform": "Linux", "cpu_count": 128, "cpu_model": "Intel(R) Xeon(R) Platinum 8480+",
         "python": {"version": "3.12.3", "include_dir": "/usr/include/python3.12", "python_h": True},
         "nvml": {"driver": "570.124.06", "p2p": {f"{i}-{j}": "ok" for i in range(n) for j in range(i + 1, n)},
                  "gpus": [{"index": i, "name": "NVIDIA H200", "sm": "90", "memory_gib": 139.8, "power_limit_w": 700.0,
@@ -269,6 +269,8 @@ def test_blockers_raise_with_fix_and_card_marks_them():
         raise_for_blockers(result)
     card = render_card(result)
     assert "| python_headers | **fail** (blocks) |" in card and "sglang with up to 8 GPUs" in card
+    # host-bound cells depend on the CPU: the card names it
+    assert "128 CPUs (Intel(R) Xeon(R) Platinum 8480+); checked" in card
 
 
 def test_disk_probe_counts_missing_models(tmp_path):

@@ -1,6 +1,6 @@
 """Calibration workloads measured through the pipeline's own Telemetry class, one cell each.
 
-    python3 examples/h200-llamacpp/calibrate.py OUTDIR [--seconds 5]
+    python3 benchmarks/gpu_calibration.py OUTDIR [--seconds 5]
 
 Cells: the idle GPU, a device-to-device copy of 1 GiB (HBM-bandwidth-bound) and a bf16 8192³ matmul loop
 (compute-bound). Writes OUTDIR/calibration.csv (one row per workload, telemetry columns plus the achieved rate) and
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
