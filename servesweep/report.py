@@ -24,6 +24,8 @@ from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
 from servesweep.report_rate import closed_loop_views, rate_section
 from servesweep.warmup import describe_growth
 
+# Two directions are tested (first round slowest, first round fastest): 0.005 each keeps the pair at 1 %.
+REPEAT_ORDER_P = 0.005
 
 
 def _fmt(x, spec=".1f") -> str:
@@ -478,6 +480,7 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
                        f"processes used {g['host_other_cpu_pct'].max():.0f} % of the host's CPU (more than "
                        f"{HOST_BUSY_PCT:.0f} %): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
                        "two quiet repeats is not compared at all.")
+    out += repeat_order_findings(repeats)
     if "window_capped" in cells:
         for r in cells[cells["window_capped"].fillna(False).astype(bool)].itertuples():
             out.append(f"- `{r.config}` {cell_label(r)}: the measured window reached `matrix.measure.max_seconds` "
@@ -488,6 +491,25 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
         for r in off.itertuples():
             out.append(f"- `{r.config}` ctx={r.ctx}: the server counted {r.prompt_tokens_per_request:.0f} prompt "
                        f"tokens per request for {r.requested_prompt_tokens} requested.")
+    return out
+
+
+def repeat_order_findings(repeats: pd.DataFrame | None) -> list[str]:
+    """Flag a sweep whose first round of repeats was the slowest (or fastest) of its cells' repeats more often than
+    chance allows: the intervals treat a cell's repeats as alike, and such an order says they were not."""
+    if repeats is None:
+        return []
+    drift = stats_mod.first_round_extremes(repeats)
+    out = []
+    for side, word in (("lowest", "slowest"), ("highest", "fastest")):
+        hits, p = sum(drift[side].values()), drift[f"p_{side}"]
+        if not drift["cells"] or p >= REPEAT_ORDER_P:
+            continue
+        per = ", ".join(f"`{cfg}` {drift[side][cfg]} of {n}" for cfg, n in drift["per_config"].items())
+        out.append(f"- Repeat order mattered: the first round was the {word} of its cell's repeats in {hits} of "
+                   f"{drift['cells']} cells ({per}); were the order of the repeats irrelevant, that many or more would "
+                   f"happen with probability {p:.2g}. The 95 % intervals and the noise band treat a cell's repeats "
+                   "as alike, so here they also hold a change over the job's time; what changed is not measured.")
     return out
 
 
@@ -727,12 +749,21 @@ def _logprob_text(lp: dict | None, config: str) -> str:
                 "text)")
     mine = f"`{_shown(lp['baseline_token'] or '')}` {lp['baseline_logprob']:.3f}"
     if lp.get("candidate_token") is None:
-        floor = f", the {lp['top_k']}th at {lp['top_floor']:.3f}" if lp.get("top_floor") is not None else ""
+        floor = (f", the {_ordinal(lp['top_k'])} at {lp['top_floor']:.3f}" if lp.get("top_floor") is not None
+                 else "")
         return (f" (the baseline's log-probabilities there: {mine}; `{config}`'s token not among its "
                 f"{lp['top_k']} likeliest{floor})")
+    theirs = f"`{_shown(lp['candidate_token'])}` {lp['candidate_logprob']:.3f}"
+    if lp["gap_nats"] == 0:
+        return f" (the baseline's log-probabilities there: {mine}, {theirs}: equal as returned, a tie)"
     tie = ", a near tie" if lp["gap_nats"] < NEAR_TIE_NATS else ""
-    return (f" (the baseline's log-probabilities there: {mine}, `{_shown(lp['candidate_token'])}` "
-            f"{lp['candidate_logprob']:.3f}: {lp['gap_nats']:.3f} nats apart{tie})")
+    return f" (the baseline's log-probabilities there: {mine}, {theirs}: {lp['gap_nats']:.3f} nats apart{tie})"
+
+
+def _ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, … 11th, 12th, 13th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _why_text(parted: list[dict]) -> str:
@@ -746,8 +777,11 @@ def _why_text(parted: list[dict]) -> str:
                 + ("the baseline's log-probabilities could not be placed at any parting to tell them apart."
                    if recorded else "no log-probabilities were recorded to tell them apart."))
     near = sum(1 for lp in measured if lp.get("gap_nats") is not None and lp["gap_nats"] < NEAR_TIE_NATS)
+    equal = sum(1 for lp in measured if lp.get("gap_nats") == 0)
+    equal_text = f", {equal} of them {'an exact tie' if equal == 1 else 'exact ties'} as returned" if equal else ""
     return (f"Of the {len(measured)} parting(s) where the baseline's log-probabilities were recorded, {near} "
-            f"{'is a near tie' if near == 1 else 'are near ties'} (the two tokens within {NEAR_TIE_NATS} nats), "
+            f"{'is a near tie' if near == 1 else 'are near ties'} (the two tokens within {NEAR_TIE_NATS} nats"
+            f"{equal_text}), "
             "which floating-point differences between the verify pass and plain decoding can flip"
             + (f"; {len(measured) - near} {'is' if len(measured) - near == 1 else 'are'} not, which such "
                "differences do not explain." if near < len(measured) else "; whether they did is not measured."))

@@ -323,6 +323,42 @@ def verdict(lo: float, hi: float, band: float) -> str:
     return "no measurable difference"
 
 
+def first_round_extremes(repeats, column: str = "agg_output_tok_s", keys: Iterable[str] | None = None):
+    """Whether the repeats' order mattered: per cell with at least three repeats, is the first round's value strictly
+    the lowest (or strictly the highest) of the cell's? Were the order irrelevant, each happens with probability
+    1/n for n repeats; the tail probability of the counts over all cells is the Poisson-binomial one.
+
+    Returns ``{"cells": N, "per_config": {config: cells}, "lowest": {config: k}, "highest": {config: k},
+    "p_lowest": p, "p_highest": p}``."""
+    keys = [k for k in (keys or ("config", *CELL_KEYS)) if repeats is not None and k in repeats]
+    out = {"cells": 0, "per_config": {}, "lowest": {}, "highest": {}, "p_lowest": 1.0, "p_highest": 1.0}
+    if repeats is None or repeats.empty or "repeat" not in repeats or column not in repeats:
+        return out
+    chances = []
+    for key, g in repeats.groupby(keys, dropna=False):
+        g = g.dropna(subset=[column]).sort_values("repeat")
+        if len(g) < 3:
+            continue
+        cfg = key[0] if isinstance(key, tuple) else key
+        first, rest = g[column].iloc[0], g[column].iloc[1:]
+        out["cells"] += 1
+        out["per_config"][cfg] = out["per_config"].get(cfg, 0) + 1
+        chances.append(1.0 / len(g))
+        for side, hit in (("lowest", first < rest.min()), ("highest", first > rest.max())):
+            out[side][cfg] = out[side].get(cfg, 0) + int(hit)
+    for side in ("lowest", "highest"):
+        out[f"p_{side}"] = _poisson_binomial_tail(chances, sum(out[side].values()))
+    return out
+
+
+def _poisson_binomial_tail(chances: list[float], k: int) -> float:
+    """P(at least k successes) among independent trials with the given success chances."""
+    dist = [1.0]
+    for q in chances:
+        dist = [a * (1 - q) + b * q for a, b in zip(dist + [0.0], [0.0] + dist)]
+    return float(min(1.0, sum(dist[k:]))) if k > 0 else 1.0
+
+
 # Columns whose repeats get a 95 % interval in cells.csv (``<col>_ci95``, the half-width).
 CI_COLUMNS = (
     "agg_output_tok_s", "per_request_tok_s", "request_s",

@@ -244,10 +244,25 @@ def test_report_reads_near_ties_from_recorded_logprobs(tmp_path):
     assert ("P/1 at token 2: after `…1 2 ` the baseline continued `3 4`, `ngram` `7 4` (the baseline's "
             "log-probabilities there: ` 3` -0.500, ` 7` -0.550: 0.050 nats apart, a near tie)") in text
     assert "(the baseline's log-probabilities there: `1` -0.010; `ngram`'s token not among its 2 likeliest, the " \
-           "2th at -6.000)" in text
+           "2nd at -6.000)" in text
     assert ("Of the 2 parting(s) where the baseline's log-probabilities were recorded, 1 is a near tie (the two "
             "tokens within 0.1 nats), which floating-point differences between the verify pass and plain decoding "
             "can flip; 1 is not, which such differences do not explain.") in text
+    # two tokens the baseline gave the same log-probability (as SGLang returned at both partings on an H200)
+    records[1]["logprobs"] = _lp(("1", -0.1, []), (" 2", -0.1, []), (" 3", -1.29, [(" 7", -1.29)]), (" 4", -0.1, []))
+    records[3]["logprobs"] = None
+    base_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_correctness_tables(coding, greedy, meta, "ar", csv, md)
+    text = "\n".join(correctness_section(pd.read_csv(csv), md.read_text(), "ar"))
+    assert "` 3` -1.290, ` 7` -1.290: equal as returned, a tie)" in text
+    assert ("Of the 1 parting(s) where the baseline's log-probabilities were recorded, 1 is a near tie (the two "
+            "tokens within 0.1 nats, 1 of them an exact tie as returned), which") in text
+
+
+def test_ordinals():
+    from servesweep.report import _ordinal
+    assert [_ordinal(n) for n in (1, 2, 3, 4, 5, 11, 12, 13, 21, 22, 102, 111)] == [
+        "1st", "2nd", "3rd", "4th", "5th", "11th", "12th", "13th", "21st", "22nd", "102nd", "111th"]
 
 
 def test_logprobs_that_cannot_be_placed_are_said_to_be_so(tmp_path):

@@ -1,4 +1,6 @@
 """Findings written from the data: verdict wording, rankings, anomalies."""
+import math
+
 import pandas as pd
 import pytest
 
@@ -31,9 +33,39 @@ def test_anomalies_errors_and_no_drop_called_without_repeats():
     assert "throughput falls" not in found  # one repeat: no interval, so no drop is called
 
 
-# --- the first screen: best config per service-level target -------------------------------------------------------
+def _rounds(values_by_cell: dict) -> pd.DataFrame:
+    """A repeats table: {(config, concurrency): [repeat 0, repeat 1, …]} of output tok/s."""
+    return pd.DataFrame([{"config": cfg, "workload": "synthetic", "ctx": 128, "load": "concurrency",
+                          "concurrency": c, "request_rate": math.nan, "repeat": i, "agg_output_tok_s": v}
+                         for (cfg, c), vs in values_by_cell.items() for i, v in enumerate(vs)])
 
-import math  # noqa: E402
+
+def test_repeat_order_is_flagged_only_beyond_chance():
+    from servesweep import stats
+    # the H200 SGLang rerun: the first round the slowest in all 8 cells
+    slow_first = {("ar", c): [457 * c, 505 * c, 543 * c] for c in (1, 2, 4, 8)}
+    slow_first |= {("ngram", c): [730 * c, 785 * c, 700 * c + 170 * c] for c in (1, 2, 4, 8)}
+    drift = stats.first_round_extremes(_rounds(slow_first))
+    assert drift["cells"] == 8 and drift["lowest"] == {"ar": 4, "ngram": 4} and drift["highest"] == {"ar": 0, "ngram": 0}
+    assert drift["p_lowest"] == pytest.approx(3 ** -8) and drift["p_highest"] == 1.0
+    found = "\n".join(anomalies(cells(), _rounds(slow_first)))
+    assert ("- Repeat order mattered: the first round was the slowest of its cell's repeats in 8 of 8 cells (`ar` 4 of "
+            "4, `ngram` 4 of 4); were the order of the repeats irrelevant, that many or more would happen with "
+            "probability 0.00015.") in found
+    # 4 of 4 is p = 1/81 = 0.012: chance allows it; ties are not strict extremes; two repeats say nothing
+    assert not stats.first_round_extremes(_rounds({("ar", c): [1, 2, 3] for c in (1, 2, 4, 8)}))["p_lowest"] < 0.005
+    tied = stats.first_round_extremes(_rounds({("ar", c): [1, 1, 3] for c in range(1, 9)}))
+    assert tied["lowest"] == {"ar": 0} and tied["cells"] == 8
+    assert stats.first_round_extremes(_rounds({("ar", c): [1, 2] for c in range(1, 9)}))["cells"] == 0
+    # the other direction, with four repeats per cell (chance 1/4 each)
+    fast_first = stats.first_round_extremes(_rounds({("ar", c): [9, 1, 2, 3] for c in range(1, 7)}))
+    assert fast_first["p_highest"] == pytest.approx(4 ** -6)
+    assert "the first round was the fastest" in "\n".join(
+        anomalies(cells(), _rounds({("ar", c): [9, 1, 2, 3] for c in range(1, 7)})))
+    assert "Repeat order" not in "\n".join(anomalies(cells(), _rounds({("ar", c): [2, 1, 3] for c in range(1, 9)})))
+
+
+# --- the first screen: best config per service-level target -------------------------------------------------------
 
 from servesweep.aggregate import with_unit_columns  # noqa: E402
 from servesweep.report import first_screen, slo_choice  # noqa: E402

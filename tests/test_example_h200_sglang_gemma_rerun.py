@@ -1,0 +1,84 @@
+"""The SGLang Gemma sweep run a second time by the pipeline on an H200 host (examples/h200-sglang-gemma-rerun/): the
+baseline's log-probabilities at the lossless partings (exact ties), the repeat-order flag, and how the two runs of one
+config compare; the report regenerates from the committed bench-job outputs."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from servesweep.rebuild import report_from_example
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "h200-sglang-gemma-rerun"
+FIRST = ROOT / "examples" / "h200-sglang-gemma"
+RUNS = EXAMPLE / "runs"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("h200-sglang-gemma-rerun-report")
+    return report_from_example(EXAMPLE, out), pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
+
+
+def test_the_same_config_as_the_first_run():
+    ran, first = (yaml.safe_load((d / "config.yaml").read_text()) for d in (EXAMPLE, FIRST))
+    assert ran == first
+    for cfg in ("ar", "ngram"):
+        meta = json.loads((RUNS / cfg / "meta.json").read_text())
+        assert meta["status"] == "ok" and meta["engine_version"] == "0.5.17" and meta["cells_measured"] == 4
+        assert meta["cpu_model"] == "Intel(R) Xeon(R) Processor"
+        cells = pd.read_csv(RUNS / cfg / "cells.csv")
+        assert (cells.errors == 0).all() and (cells.repeats == 3).all()
+
+
+def test_the_pipeline_wrote_it():
+    run = json.loads((EXAMPLE / "pipeline" / "run.json").read_text())
+    assert [i["rc"] for i in run["invocations"]] == [0, 0] and run["wall_s"] == 704
+    assert run["invocations"][-1]["cmd"][-1] == "report" and run["before"][0]["wall_s"] == 62
+    warm = json.loads((EXAMPLE / "pipeline" / "env" / "vm.warm-sglang.json").read_text())
+    assert warm["config"] == "ar" and round(warm["ready_s"], 1) == 133.4
+    card = (EXAMPLE / "pipeline" / "env" / "vm.md").read_text()
+    assert "engine_sglang | ok | sglang 0.5.17" in card and "bubblewrap 0.8.0" in card
+
+
+def test_the_partings_are_exact_ties_in_the_baselines_log_probabilities(report):
+    text, _, correctness = report
+    c = correctness.set_index("config")
+    assert c.loc["ar", "greedy_rerun"] == "8 of 8" and c.loc["ngram", "exact_match_rate"] == 0.75
+    parts = {d["prompt_id"]: d for d in json.loads(c.loc["ngram", "divergences"])}
+    assert sorted(parts) == ["HumanEval/0", "HumanEval/28"]
+    assert (parts["HumanEval/0"]["token"], parts["HumanEval/28"]["token"]) == (6, 13)
+    for d in parts.values():
+        lp = d["logprobs"]
+        assert lp["gap_nats"] == 0 and lp["baseline_logprob"] == lp["candidate_logprob"]
+    assert parts["HumanEval/0"]["logprobs"]["candidate_rank"] == 1  # SGLang listed the other token first
+    assert "` <` -1.289, ` >` -1.289: equal as returned, a tie)" in text
+    assert "2 are near ties (the two tokens within 0.1 nats, 2 of them exact ties as returned)" in text
+    # the first run parted at the same two places, with no log-probabilities recorded
+    first = pd.read_csv(FIRST / "report" / "correctness.csv").set_index("config")
+    assert sorted(d["prompt_id"] for d in json.loads(first.loc["ngram", "divergences"])) == sorted(parts)
+
+
+def test_repeat_order_flagged_here_and_not_in_the_first_run(report, tmp_path):
+    text, _, _ = report
+    assert ("the first round was the slowest of its cell's repeats in 8 of 8 cells (`ar` 4 of 4, `ngram` 4 of 4); "
+            "were the order of the repeats irrelevant, that many or more would happen with probability 0.00015") in text
+    first = report_from_example(FIRST, tmp_path / "first-run")
+    assert "Repeat order mattered" not in first
+
+
+def test_two_runs_of_one_config(report):
+    """Every cell slower than the first run's, the C = 1 speedups agreeing within their intervals, and the HumanEval
+    C = 16 verdict changing from slower to no measurable difference."""
+    text, cells, _ = report
+    now = cells.set_index(["config", "workload", "concurrency"]).agg_output_tok_s
+    then = pd.read_csv(FIRST / "report" / "cells.csv").set_index(["config", "workload", "concurrency"]).agg_output_tok_s
+    assert (now < then).all() and len(now) == 8
+    assert ("`ngram` on humaneval prompts pays at C=1; no measurable difference at C=16 (noise band ±17.8 %) "
+            "(C=1: 1.58× [1.27, 1.97]; C=16: 0.67× [0.51, 0.86])") in text
+    assert ("`ngram` on sharegpt prompts pays at C=1; no measurable difference at C=16 (noise band ±27.5 %) "
+            "(C=1: 1.77× [1.52, 2.05]; C=16: 1.21× [0.91, 1.63])") in text
+    first = (FIRST / "report" / "FINDINGS.md").read_text()
+    assert "(C=1: 1.57× [1.48, 1.65]; C=16: 0.74× [0.67, 0.81])" in first and "is slower at C=16" in first
