@@ -308,6 +308,12 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos:
                               for c, n in sorted(changed.items()))
                   + ", named above: its speed is what was measured, but its greedy output is not always the "
                   "baseline's (Correctness section).", ""]
+    drift = repeat_order_drifts(repeats)
+    if drift:
+        lines += ["**The measurements changed during the jobs**: "
+                  + "; ".join(f"the first round of repeats was the {word} in {hits} of {n} cells (p = {p:.2g})"
+                              for word, hits, n, p in drift)
+                  + ". The intervals and margins above hold that change as well as the cells' noise (Anomalies).", ""]
     if not cost.get("gpu_hour") and not cost.get("kwh"):
         notes.append("No prices in the config's `cost:` section: cost per million tokens is not computed.")
     if not has_gpu_energy(cells):
@@ -494,20 +500,30 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
     return out
 
 
-def repeat_order_findings(repeats: pd.DataFrame | None) -> list[str]:
-    """Flag a sweep whose first round of repeats was the slowest (or fastest) of its cells' repeats more often than
-    chance allows: the intervals treat a cell's repeats as alike, and such an order says they were not."""
+def repeat_order_drifts(repeats: pd.DataFrame | None) -> list[tuple[str, int, int, float]]:
+    """(``slowest``/``fastest``, cells where the first round was that, cells, probability under order-irrelevance)
+    for each direction in which the first round of repeats stood out beyond chance (``REPEAT_ORDER_P``)."""
     if repeats is None:
         return []
     drift = stats_mod.first_round_extremes(repeats)
+    return [(word, sum(drift[side].values()), drift["cells"], drift[f"p_{side}"])
+            for side, word in (("lowest", "slowest"), ("highest", "fastest"))
+            if drift["cells"] and drift[f"p_{side}"] < REPEAT_ORDER_P]
+
+
+def repeat_order_findings(repeats: pd.DataFrame | None) -> list[str]:
+    """Flag a sweep whose first round of repeats was the slowest (or fastest) of its cells' repeats more often than
+    chance allows: the intervals treat a cell's repeats as alike, and such an order says they were not."""
+    drifts = repeat_order_drifts(repeats)
+    if not drifts:
+        return []
+    drift = stats_mod.first_round_extremes(repeats)
     out = []
-    for side, word in (("lowest", "slowest"), ("highest", "fastest")):
-        hits, p = sum(drift[side].values()), drift[f"p_{side}"]
-        if not drift["cells"] or p >= REPEAT_ORDER_P:
-            continue
-        per = ", ".join(f"`{cfg}` {drift[side][cfg]} of {n}" for cfg, n in drift["per_config"].items())
+    for word, hits, n, p in drifts:
+        side = "lowest" if word == "slowest" else "highest"
+        per = ", ".join(f"`{cfg}` {drift[side][cfg]} of {k}" for cfg, k in drift["per_config"].items())
         out.append(f"- Repeat order mattered: the first round was the {word} of its cell's repeats in {hits} of "
-                   f"{drift['cells']} cells ({per}); were the order of the repeats irrelevant, that many or more would "
+                   f"{n} cells ({per}); were the order of the repeats irrelevant, that many or more would "
                    f"happen with probability {p:.2g}. The 95 % intervals and the noise band treat a cell's repeats "
                    "as alike, so here they also hold a change over the job's time; what changed is not measured.")
     return out

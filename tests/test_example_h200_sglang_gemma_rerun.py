@@ -65,8 +65,10 @@ def test_repeat_order_flagged_here_and_not_in_the_first_run(report, tmp_path):
     text, _, _ = report
     assert ("the first round was the slowest of its cell's repeats in 8 of 8 cells (`ar` 4 of 4, `ngram` 4 of 4); "
             "were the order of the repeats irrelevant, that many or more would happen with probability 0.00015") in text
+    assert ("**The measurements changed during the jobs**: the first round of repeats was the slowest in 8 of 8 cells "
+            "(p = 0.00015).") in text.split("## Setup")[0]
     first = report_from_example(FIRST, tmp_path / "first-run")
-    assert "Repeat order mattered" not in first
+    assert "Repeat order mattered" not in first and "changed during the jobs" not in first
 
 
 def test_two_runs_of_one_config(report):
