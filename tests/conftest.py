@@ -16,6 +16,16 @@ def default_config() -> dict:
     return copy.deepcopy(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
 
 
+def rebuilt_example(example: Path, out: Path):
+    """A recorded example's report rebuilt under ``out``: (FINDINGS text, cells table, correctness table)."""
+    import pandas as pd
+
+    from servesweep.rebuild import report_from_example
+
+    text = report_from_example(example, out)
+    return text, pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
+
+
 @contextlib.asynccontextmanager
 async def loopback_app(app):
     """Serve an aiohttp ``app`` on a free loopback port for the duration of the block; yields its base URL."""

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import rebuilt_example
 
 from servesweep import diagnosis
 from servesweep.engines import get_engine
-from servesweep.rebuild import report_from_example
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-llamacpp"
@@ -20,8 +20,7 @@ CALIBRATION = Path(__file__).parent / "data" / "h200-calibration" / "calibration
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("h200-llamacpp-report")
-    return report_from_example(EXAMPLE, out), pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
+    return rebuilt_example(EXAMPLE, tmp_path_factory.mktemp("h200-llamacpp-report"))
 
 
 def test_both_configs_measured_both_workloads_with_three_repeats():

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import rebuilt_example
 
 from servesweep.engines.sglang import SGLangEngine
-from servesweep.rebuild import report_from_example
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-sglang-gemma"
 RUNS = EXAMPLE / "runs"
@@ -16,8 +16,7 @@ RUNS = EXAMPLE / "runs"
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("h200-sglang-gemma-report")
-    return report_from_example(EXAMPLE, out), pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
+    return rebuilt_example(EXAMPLE, tmp_path_factory.mktemp("h200-sglang-gemma-report"))
 
 
 def test_both_configs_measured_both_workloads_with_three_repeats():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import rebuilt_example
 import yaml
 
 from servesweep.rebuild import report_from_example
@@ -18,8 +19,7 @@ RUNS = EXAMPLE / "runs"
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("h200-sglang-gemma-rerun-report")
-    return report_from_example(EXAMPLE, out), pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
+    return rebuilt_example(EXAMPLE, tmp_path_factory.mktemp("h200-sglang-gemma-rerun-report"))
 
 
 def test_the_same_config_as_the_first_run():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import rebuilt_example
 
 from servesweep.engines import get_engine
 from servesweep.rebuild import report_from_example
@@ -19,8 +20,7 @@ CONFIGS = ("gemma-ar", "gemma-ngram", "llama-ar", "llama-ngram")
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("h200-vllm-report")
-    return report_from_example(EXAMPLE, out), pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
+    return rebuilt_example(EXAMPLE, tmp_path_factory.mktemp("h200-vllm-report"))
 
 
 def test_every_config_finished_every_cell_with_three_repeats():
