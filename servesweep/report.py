@@ -312,7 +312,7 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos:
     if drift:
         lines += ["**The measurements changed during the jobs**: "
                   + "; ".join(f"the first round of repeats was the {word} in {hits} of {n} cells (p = {p:.2g})"
-                              for word, hits, n, p in drift)
+                              for word, hits, n, p, _ in drift)
                   + ". The intervals and margins above hold that change as well as the cells' noise (Anomalies).", ""]
     if not cost.get("gpu_hour") and not cost.get("kwh"):
         notes.append("No prices in the config's `cost:` section: cost per million tokens is not computed.")
@@ -500,13 +500,13 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
     return out
 
 
-def repeat_order_drifts(repeats: pd.DataFrame | None) -> list[tuple[str, int, int, float]]:
-    """(``slowest``/``fastest``, cells where the first round was that, cells, probability under order-irrelevance)
-    for each direction in which the first round of repeats stood out beyond chance (``REPEAT_ORDER_P``)."""
-    if repeats is None:
-        return []
+def repeat_order_drifts(repeats: pd.DataFrame | None) -> list[tuple[str, int, int, float, str]]:
+    """(``slowest``/``fastest``, cells where the first round was that, cells, probability under order-irrelevance,
+    the count per config) for each direction in which the first round of repeats stood out beyond chance
+    (``REPEAT_ORDER_P``)."""
     drift = stats_mod.first_round_extremes(repeats)
-    return [(word, sum(drift[side].values()), drift["cells"], drift[f"p_{side}"])
+    return [(word, sum(drift[side].values()), drift["cells"], drift[f"p_{side}"],
+             ", ".join(f"`{cfg}` {drift[side][cfg]} of {k}" for cfg, k in drift["per_config"].items()))
             for side, word in (("lowest", "slowest"), ("highest", "fastest"))
             if drift["cells"] and drift[f"p_{side}"] < REPEAT_ORDER_P]
 
@@ -514,19 +514,11 @@ def repeat_order_drifts(repeats: pd.DataFrame | None) -> list[tuple[str, int, in
 def repeat_order_findings(repeats: pd.DataFrame | None) -> list[str]:
     """Flag a sweep whose first round of repeats was the slowest (or fastest) of its cells' repeats more often than
     chance allows: the intervals treat a cell's repeats as alike, and such an order says they were not."""
-    drifts = repeat_order_drifts(repeats)
-    if not drifts:
-        return []
-    drift = stats_mod.first_round_extremes(repeats)
-    out = []
-    for word, hits, n, p in drifts:
-        side = "lowest" if word == "slowest" else "highest"
-        per = ", ".join(f"`{cfg}` {drift[side][cfg]} of {k}" for cfg, k in drift["per_config"].items())
-        out.append(f"- Repeat order mattered: the first round was the {word} of its cell's repeats in {hits} of "
-                   f"{n} cells ({per}); were the order of the repeats irrelevant, that many or more would "
-                   f"happen with probability {p:.2g}. The 95 % intervals and the noise band treat a cell's repeats "
-                   "as alike, so here they also hold a change over the job's time; what changed is not measured.")
-    return out
+    return [f"- Repeat order mattered: the first round was the {word} of its cell's repeats in {hits} of {n} cells "
+            f"({per}); were the order of the repeats irrelevant, that many or more would happen with probability "
+            f"{p:.2g}. The 95 % intervals and the noise band treat a cell's repeats as alike, so here they also hold "
+            "a change over the job's time; what changed is not measured."
+            for word, hits, n, p, per in repeat_order_drifts(repeats)]
 
 
 def engine_metric_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:

@@ -330,10 +330,10 @@ def first_round_extremes(repeats, column: str = "agg_output_tok_s", keys: Iterab
 
     Returns ``{"cells": N, "per_config": {config: cells}, "lowest": {config: k}, "highest": {config: k},
     "p_lowest": p, "p_highest": p}``."""
-    keys = [k for k in (keys or ("config", *CELL_KEYS)) if repeats is not None and k in repeats]
     out = {"cells": 0, "per_config": {}, "lowest": {}, "highest": {}, "p_lowest": 1.0, "p_highest": 1.0}
     if repeats is None or repeats.empty or "repeat" not in repeats or column not in repeats:
         return out
+    keys = [k for k in (keys or ("config", *CELL_KEYS)) if k in repeats]
     chances = []
     for key, g in repeats.groupby(keys, dropna=False):
         g = g.dropna(subset=[column]).sort_values("repeat")
