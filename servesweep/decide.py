@@ -1,0 +1,290 @@
+"""When the report may say "faster", "slower", "equivalent" or "inconclusive" (pure functions, no I/O).
+
+The unit of a comparison is a **block**: one launch of every config, in an order that changes from block to block
+(:func:`block_order`). A config's value in a block is its launch mean over that launch's rounds. Two configs are
+compared within blocks, paired in time: per block the log-ratio d_b = ln(x_B,b / x_A,b), and the interval for the
+ratio is exp(mean(d) ± t · sd(d) / √n) over the n blocks both configs were measured in (a geometric-mean ratio;
+launch-to-launch and drift variation are inside it because they are inside sd(d)). Where no two blocks are paired
+(a config measured in another run of the pipeline, or recordings made before blocks), the two configs' launch (or
+round) values are compared unpaired (Welch on the logs), and the design says so.
+
+Verdicts (docs/measurement.md, "When the report calls a difference"):
+
+- **faster** / **slower**: the difference test rejects "no difference (or less than ``min_effect``)" under the
+  Benjamini–Hochberg procedure at false-discovery rate ``alpha`` over all the sweep's comparisons;
+- **equivalent within ±m**: the two one-sided tests (Schuirmann's TOST) reject "the ratio lies outside
+  [1/(1+m), 1+m]", again under Benjamini–Hochberg over the sweep's comparisons;
+- both: "faster, within ±m"; neither: **inconclusive**, with the blocks that would likely decide it.
+
+Every comparison also states its minimum detectable effect: the smallest ratio the design finds with ``power``
+(80 %) at the strictest level Benjamini–Hochberg can ask of it (alpha / number of comparisons).
+
+References: Kalibera & Jones, ISMM 2013 (launches as the unit); Schuirmann, J. Pharmacokinet. Biopharm. 15:657 (1987)
+(TOST); Benjamini & Hochberg, JRSS-B 57:289 (1995); Lan & DeMets, Biometrika 70:659 (1983) (alpha spending).
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+FASTER, SLOWER, INCONCLUSIVE = "faster", "slower", "inconclusive"
+NOT_MEASURABLE = "not measurable"
+PAIRED, UNPAIRED, ONE_LAUNCH = "paired blocks", "unpaired launches", "one launch per config"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The decision rule of a sweep (config key ``decision``)."""
+
+    alpha: float = 0.05        # false-discovery rate over the sweep's comparisons (Benjamini–Hochberg)
+    margin: float = 0.05       # equivalence margin m: "equivalent" means the ratio lies within [1/(1+m), 1+m]
+    min_effect: float = 0.0    # faster/slower only when the ratio is beyond [1/(1+e), 1+e] (e = min_effect)
+    power: float = 0.8         # the power the minimum detectable effect is stated at
+
+    @classmethod
+    def from_config(cls, section: Mapping | None) -> "Rule":
+        section = section or {}
+        return cls(**{k: float(section[k]) for k in ("alpha", "margin", "min_effect", "power") if k in section})
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One ratio B / A with what the rule needs: the log-ratio, its standard error and degrees of freedom."""
+
+    ratio: float            # exp(mean log-ratio): the geometric-mean ratio
+    lo: float               # 95 % interval (unadjusted for the number of comparisons)
+    hi: float
+    log_ratio: float
+    se: float               # standard error of log_ratio
+    df: float
+    n: int                  # blocks paired (paired), or the smaller arm's launches/rounds (unpaired)
+    design: str             # PAIRED, UNPAIRED or ONE_LAUNCH
+    sd: float = math.nan    # SD of the per-block log-ratios (paired) or the pooled per-launch log SD (unpaired)
+
+    @property
+    def measurable(self) -> bool:
+        return self.n >= 2 and math.isfinite(self.se) and self.df > 0
+
+
+NO_ESTIMATE = Estimate(math.nan, math.nan, math.nan, math.nan, math.nan, 0.0, 0, "none")
+
+
+def _logs(values: Iterable[float]) -> np.ndarray:
+    xs = np.asarray([float(v) for v in values if v is not None and np.isfinite(v)], dtype=float)
+    return np.log(xs[xs > 0]) if xs.size else xs
+
+
+def _interval(log_ratio: float, se: float, df: float, confidence: float = 0.95) -> tuple[float, float]:
+    if not (math.isfinite(se) and df > 0):
+        return math.nan, math.nan
+    t = float(sps.t.ppf(0.5 + confidence / 2, df))
+    return math.exp(log_ratio - t * se), math.exp(log_ratio + t * se)
+
+
+def paired(a: Mapping, b: Mapping) -> Estimate:
+    """B over A from values per block (``{block: launch mean}``), over the blocks both have."""
+    blocks = [k for k in a if k in b]
+    pairs = [(float(a[k]), float(b[k])) for k in blocks]
+    d = np.asarray([math.log(y / x) for x, y in pairs if x > 0 and y > 0 and math.isfinite(x) and math.isfinite(y)])
+    if not d.size:
+        return NO_ESTIMATE
+    mean = float(d.mean())
+    if d.size < 2:
+        return Estimate(math.exp(mean), math.nan, math.nan, mean, math.nan, 0.0, int(d.size), PAIRED)
+    sd = float(d.std(ddof=1))
+    se = sd / math.sqrt(d.size)
+    df = float(d.size - 1)
+    if se == 0:  # identical ratios in every block: a degenerate but exact estimate
+        se = 1e-12
+    lo, hi = _interval(mean, se, df)
+    return Estimate(math.exp(mean), lo, hi, mean, se, df, int(d.size), PAIRED, sd)
+
+
+def unpaired(a: Sequence[float], b: Sequence[float], design: str = UNPAIRED) -> Estimate:
+    """B over A from independent values of each (launch means, or rounds of one launch): Welch on the logs."""
+    la, lb = _logs(a), _logs(b)
+    if not la.size or not lb.size:
+        return NO_ESTIMATE
+    mean = float(lb.mean() - la.mean())
+    n = int(min(la.size, lb.size))
+    if la.size < 2 or lb.size < 2:
+        return Estimate(math.exp(mean), math.nan, math.nan, mean, math.nan, 0.0, n, design)
+    va, vb = float(la.var(ddof=1)) / la.size, float(lb.var(ddof=1)) / lb.size
+    se = math.sqrt(va + vb) or 1e-12
+    den = (va ** 2 / (la.size - 1) if va else 0.0) + (vb ** 2 / (lb.size - 1) if vb else 0.0)
+    df = (va + vb) ** 2 / den if den > 0 else float(la.size + lb.size - 2)
+    pooled = math.sqrt(((la.size - 1) * la.var(ddof=1) + (lb.size - 1) * lb.var(ddof=1)) / (la.size + lb.size - 2))
+    lo, hi = _interval(mean, se, df)
+    return Estimate(math.exp(mean), lo, hi, mean, se, df, n, design, float(pooled))
+
+
+def p_difference(est: Estimate, min_effect: float = 0.0) -> float:
+    """Two-sided p of "the log-ratio lies within ±ln(1 + min_effect)" (0: "no difference")."""
+    if not est.measurable:
+        return math.nan
+    e = math.log1p(min_effect)
+    t = (abs(est.log_ratio) - e) / est.se
+    return float(min(1.0, 2 * sps.t.sf(t, est.df)))
+
+
+def p_equivalence(est: Estimate, margin: float) -> float:
+    """TOST p of "the ratio lies outside [1/(1+m), 1+m]": the larger of the two one-sided p."""
+    if not est.measurable:
+        return math.nan
+    bound = math.log1p(margin)
+    lower = sps.t.sf((est.log_ratio + bound) / est.se, est.df)
+    upper = sps.t.cdf((est.log_ratio - bound) / est.se, est.df)
+    return float(max(lower, upper))
+
+
+def benjamini_hochberg(pvalues: Sequence[float], alpha: float) -> list[bool]:
+    """Which hypotheses Benjamini–Hochberg rejects at false-discovery rate ``alpha`` (NaN: not tested, not
+    counted). Valid under independence and positive dependence (cells sharing blocks share their drift)."""
+    tested = [(p, i) for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
+    m = len(tested)
+    out = [False] * len(pvalues)
+    if not m:
+        return out
+    ordered = sorted(tested)
+    k = max((rank for rank, (p, _) in enumerate(ordered, start=1) if p <= rank * alpha / m), default=0)
+    for p, i in ordered[:k]:
+        out[i] = True
+    return out
+
+
+def bh_adjusted(pvalues: Sequence[float]) -> list[float]:
+    """Benjamini–Hochberg adjusted p-values (q-values): the smallest FDR at which each would be rejected."""
+    tested = sorted((p, i) for i, p in enumerate(pvalues) if p is not None and math.isfinite(p))
+    m = len(tested)
+    out = [math.nan] * len(pvalues)
+    running = 1.0
+    for rank in range(m, 0, -1):
+        p, i = tested[rank - 1]
+        running = min(running, p * m / rank)
+        out[i] = running
+    return out
+
+
+def detectable(se: float, df: float, level: float, power: float) -> float:
+    """The smallest ratio above 1 a test at two-sided ``level`` finds with ``power``, given the log-ratio's
+    standard error: exp((t_{1-level/2} + t_{power}) · se) (its reciprocal below 1 likewise)."""
+    if not (math.isfinite(se) and df > 0):
+        return math.nan
+    return math.exp((sps.t.ppf(1 - level / 2, df) + sps.t.ppf(power, df)) * se)
+
+
+def mde(est: Estimate, rule: Rule, comparisons: int) -> float:
+    """The minimum detectable effect of one comparison, as a fraction (0.05: a 5 % difference), at the strictest
+    level Benjamini–Hochberg asks (alpha / comparisons) and the rule's power."""
+    ratio = detectable(est.se, est.df, rule.alpha / max(comparisons, 1), rule.power)
+    return ratio * (1 + rule.min_effect) - 1 if math.isfinite(ratio) else math.nan
+
+
+def blocks_to_decide(est: Estimate, rule: Rule, comparisons: int, most: int = 200) -> int | None:
+    """How many blocks in all would likely decide an inconclusive comparison, if its log-ratio and spread stay what
+    they are now: the first n at which either the difference or the equivalence test reaches the strictest
+    Benjamini–Hochberg level with the rule's power. None when no n up to ``most`` would (a ratio right at the
+    margin), or when there is no spread to project from."""
+    if not est.measurable or est.design != PAIRED or not math.isfinite(est.sd) or est.sd <= 0:
+        return None
+    level = rule.alpha / max(comparisons, 1)
+    d = abs(est.log_ratio)
+    e, bound = math.log1p(rule.min_effect), math.log1p(rule.margin)
+    for n in range(est.n + 1, most + 1):
+        se, df = est.sd / math.sqrt(n), n - 1
+        z_power = sps.t.ppf(rule.power, df)
+        if d - e >= (sps.t.ppf(1 - level / 2, df) + z_power) * se:
+            return n
+        if bound - d >= (sps.t.ppf(1 - level, df) + sps.t.ppf(1 - (1 - rule.power) / 2, df)) * se:
+            return n
+    return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    estimate: Estimate
+    verdict: str
+    p_difference: float
+    p_equivalence: float
+    q_difference: float     # BH-adjusted
+    q_equivalence: float
+    mde: float
+    blocks_to_decide: int | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def verdict_text(faster_or_slower: str | None, equivalent: bool, margin: float) -> str:
+    within = f"equivalent within ±{margin:.0%}"
+    if faster_or_slower and equivalent:
+        return f"{faster_or_slower}, within ±{margin:.0%}"
+    if faster_or_slower:
+        return faster_or_slower
+    return within if equivalent else INCONCLUSIVE
+
+
+def decide(estimates: Sequence[Estimate], rule: Rule, level: float | None = None) -> list[Decision]:
+    """The verdicts of a family of comparisons (the whole sweep's): Benjamini–Hochberg over the difference tests
+    and, separately, over the equivalence tests, at ``level`` (the rule's alpha unless a sequential design spends
+    less at this look). A comparison without an interval (fewer than two blocks or launches) is "not measurable"
+    and is not counted in the family."""
+    alpha = rule.alpha if level is None else level
+    p_diff = [p_difference(e, rule.min_effect) for e in estimates]
+    p_eq = [p_equivalence(e, rule.margin) for e in estimates]
+    diff, eq = benjamini_hochberg(p_diff, alpha), benjamini_hochberg(p_eq, alpha)
+    q_diff, q_eq = bh_adjusted(p_diff), bh_adjusted(p_eq)
+    m = sum(1 for p in p_diff if math.isfinite(p))
+    spent = replace(rule, alpha=alpha)
+    out = []
+    for i, est in enumerate(estimates):
+        if not est.measurable:
+            out.append(Decision(est, NOT_MEASURABLE, math.nan, math.nan, math.nan, math.nan, math.nan))
+            continue
+        side = (FASTER if est.log_ratio > 0 else SLOWER) if diff[i] else None
+        verdict = verdict_text(side, eq[i], rule.margin)
+        out.append(Decision(est, verdict, p_diff[i], p_eq[i], q_diff[i], q_eq[i], mde(est, spent, m),
+                            blocks_to_decide(est, spent, m) if verdict == INCONCLUSIVE else None))
+    return out
+
+
+def spending(fraction: float, alpha: float) -> float:
+    """Lan–DeMets O'Brien–Fleming-type alpha spending: the error allowed to be spent by ``fraction`` of the
+    planned blocks, 2 − 2Φ(z_{1−α/2} / √t)."""
+    if fraction <= 0:
+        return 0.0
+    t = min(fraction, 1.0)
+    return float(2 - 2 * sps.norm.cdf(sps.norm.ppf(1 - alpha / 2) / math.sqrt(t)))
+
+
+def look_levels(looks: Sequence[int], alpha: float) -> list[float]:
+    """The level each look of an adaptive sweep may use: the increment of the spending function between looks
+    (looks at these block counts, the last being the most blocks the budget allows). The increments add up to
+    ``alpha``, so stopping at any look keeps the sweep's error rate at most ``alpha`` (a Bonferroni bound over the
+    looks, conservative: it ignores that the looks are correlated)."""
+    most = max(looks)
+    spent = [spending(n / most, alpha) for n in looks]
+    return [s - (spent[i - 1] if i else 0.0) for i, s in enumerate(spent)]
+
+
+def block_order(configs: Sequence[str], blocks: int, seed: int = 0) -> list[list[str]]:
+    """The launch order of each block: a seeded random base order, rotated by one place every two blocks, each
+    odd block the reverse of the block before it.
+
+    Reversal (A B | B A, "ABBA") makes a linear drift over the pair of blocks cancel in every pairwise ratio, since
+    each config is as often before as after each other; the rotation moves every config through every position,
+    so a first-launch effect (the first server of a run starting colder) falls on each config equally often once
+    the sweep has 2 × configs blocks. The seed stands in for everything not designed: no config is always
+    first because of its name."""
+    base = sorted(configs)
+    random.Random(seed).shuffle(base)
+    k = len(base)
+    out = []
+    for b in range(blocks):
+        shift = (b // 2) % k if k else 0
+        order = base[shift:] + base[:shift]
+        out.append(order[::-1] if b % 2 else order)
+    return out
