@@ -19,10 +19,10 @@ rule bench_config:
         "logs/bench/{cfg}.b{block}.log",
     benchmark:
         "results/benchmarks/bench_config/{cfg}.b{block}.tsv"
-    conda:
-        "../envs/servesweep.yaml"
     # Blocks run in turn, each in its own order of configs (common.smk, block_priority).
     priority: block_priority
+    conda:
+        "../envs/servesweep.yaml"
     # The SLURM profile turns these into the config's job request; local runs ignore them.
     resources:
         gpu=get_gpus,

@@ -179,7 +179,8 @@ def config_findings(speedup: pd.DataFrame, baseline: str, random_weight_speculat
         for (workload, ctx), g in grp.sort_values("concurrency").groupby(["workload", "ctx"]):
             series = "; ".join(f"C={int(r.concurrency)}: {ratio_text(r.speedup, r.speedup_lo, r.speedup_hi)} "
                                f"{verdict_words(r.verdict, r.blocks_to_decide)}" for r in g.itertuples())
-            family = " (replicate check, decided on its own)" if (g.get("family") == "replicate check").any() else ""
+            family = (" (replicate check, decided on its own)" if "family" in g and (g["family"] == "replicate check").any()
+                  else "")
             caveat = (" Speculative on random weights: these speedups rest on drafts random weights make easy, not "
                       "on a real model's acceptance." if cfg in random_weight_speculative else "")
             lines.append(f"- `{cfg}` on {prompts_label(workload, ctx)}{family}: {series}.{caveat}")
@@ -234,6 +235,10 @@ def concurrency_drops(cells: pd.DataFrame, repeats: pd.DataFrame | None, rule: d
         return []
     rule = rule or decide.Rule()
     cells, repeats = _closed(cells), _closed(repeats)
+    if "workload" not in cells:
+        cells = cells.assign(workload="synthetic")
+    if "workload" not in repeats:
+        repeats = repeats.assign(workload="synthetic")
     steps = []
     for (cfg, workload, ctx), g in cells.sort_values("concurrency").groupby(["config", "workload", "ctx"]):
         rows = g.to_dict("records")

@@ -8,6 +8,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 
 @pytest.fixture
@@ -22,8 +23,13 @@ def rebuilt_example(example: Path, out: Path):
 
     from servesweep.rebuild import report_from_example
 
+    from report_claims import check_claims
+
     text = report_from_example(example, out)
-    return text, pd.read_csv(out / "cells.csv"), pd.read_csv(out / "correctness.csv")
+    cells = pd.read_csv(out / "cells.csv")
+    # every verdict the report states is recomputed from its tables (tests/report_claims.py)
+    assert check_claims(text, pd.read_csv(out / "speedup.csv"), cells) > 0
+    return text, cells, pd.read_csv(out / "correctness.csv")
 
 
 @contextlib.asynccontextmanager

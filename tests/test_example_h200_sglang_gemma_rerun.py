@@ -72,15 +72,15 @@ def test_repeat_order_flagged_here_and_not_in_the_first_run(report, tmp_path):
 
 
 def test_two_runs_of_one_config(report):
-    """Every cell slower than the first run's, the C = 1 speedups agreeing within their intervals, and the HumanEval
-    C = 16 verdict changing from slower to no measurable difference."""
+    """Every cell slower than the first run's, yet the two runs' verdicts agree: ngram faster at C = 1 on both
+    prompt sets, slower on HumanEval at C = 16 (the old band rule called that "no measurable difference" here), and
+    sharegpt at C = 16 inconclusive in the rerun (no contradiction: not decided)."""
     text, cells, _ = report
     now = cells.set_index(["config", "workload", "concurrency"]).agg_output_tok_s
     then = pd.read_csv(FIRST / "report" / "cells.csv").set_index(["config", "workload", "concurrency"]).agg_output_tok_s
     assert (now < then).all() and len(now) == 8
-    assert ("`ngram` on humaneval prompts pays at C=1; no measurable difference at C=16 (noise band ±17.8 %) "
-            "(C=1: 1.58× [1.27, 1.97]; C=16: 0.67× [0.51, 0.86])") in text
-    assert ("`ngram` on sharegpt prompts pays at C=1; no measurable difference at C=16 (noise band ±27.5 %) "
-            "(C=1: 1.77× [1.52, 2.05]; C=16: 1.21× [0.91, 1.63])") in text
-    first = (FIRST / "report" / "FINDINGS.md").read_text()
-    assert "(C=1: 1.57× [1.48, 1.65]; C=16: 0.74× [0.67, 0.81])" in first and "is slower at C=16" in first
+    assert "- `ngram` on humaneval prompts: C=1: 1.58× [1.30, 1.93] faster; C=16: 0.67× [0.50, 0.89] slower." in text
+    assert ("- `ngram` on sharegpt prompts: C=1: 1.77× [1.55, 2.01] faster; C=16: 1.21× [0.91, 1.61] inconclusive"
+            in text)
+    first = pd.read_csv(FIRST / "report" / "speedup.csv").set_index(["workload", "concurrency"])
+    assert first.loc[("humaneval", 16), "verdict"] == "slower" and first.loc[("sharegpt", 1), "verdict"] == "faster"

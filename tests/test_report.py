@@ -4,7 +4,8 @@ import math
 import pandas as pd
 import pytest
 
-from servesweep.report import anomalies, best_per_cell
+from servesweep import report_decisions as rd
+from servesweep.report import anomalies
 
 
 def cells(**extra):
@@ -21,10 +22,14 @@ def cells(**extra):
     return df
 
 
-def test_best_per_cell_skips_client_bound_cells():
-    df = cells(client_bound=[False, False, False, False, True, False])
-    best = best_per_cell(df).set_index("concurrency")["config"].to_dict()
-    assert best == {1: "spec", 2: "ar", 4: "ar"}
+def test_ranking_names_every_config_and_leaves_out_client_bound_cells_with_the_reason():
+    df = cells(client_bound=[False, False, False, False, True, False], workload="synthetic", load="concurrency")
+    sp = pd.DataFrame({"config": ["spec"] * 3, "workload": ["synthetic"] * 3, "ctx": [128] * 3,
+                       "concurrency": [1, 2, 4], "verdict": ["faster", "inconclusive", "slower"]})
+    text = "\n".join(rd.ranking(df, sp, "ar"))
+    assert "- ctx=128 C=1: `spec` 91.0 (faster) > `ar` 77.0 (baseline) tok/s." in text
+    assert "- ctx=128 C=2: `ar` 115.0 (baseline) tok/s. Left out: `spec` (133.0, client-bound" in text
+    assert "- ctx=128 C=4: `ar` 113.0 (baseline) > `spec` 90.0 (slower) tok/s." in text
 
 
 def test_anomalies_errors_and_no_drop_called_without_repeats():
@@ -68,7 +73,8 @@ def test_repeat_order_is_flagged_only_beyond_chance():
 # --- the first screen: best config per service-level target -------------------------------------------------------
 
 from servesweep.aggregate import with_unit_columns  # noqa: E402
-from servesweep.report import first_screen, slo_choice  # noqa: E402
+from servesweep.decide import Rule  # noqa: E402
+from servesweep.report import decide_margins, first_screen, slo_choice  # noqa: E402
 from servesweep.slo import SLO  # noqa: E402
 from servesweep.stats import mean_ci95  # noqa: E402
 
@@ -76,24 +82,33 @@ INTERACTIVE = SLO("interactive", ttft_ms=450, tpot_ms=40)
 
 
 def sweep(rows, spread=0.01):
-    """Cells and three repeats each from (config, C, tok/s, TTFT p99 s, TPOT p99 s, GPUs); the repeats sit at
-    ±``spread`` around the cell's throughput."""
+    """Cells and three blocks each from (config, C, tok/s, TTFT p99 s, TPOT p99 s, GPUs); the launches sit at
+    ±``spread`` around the cell's throughput, in an order that differs per config (so paired ratios vary)."""
     cells = pd.DataFrame(rows, columns=["config", "concurrency", "agg_output_tok_s", "ttft_p99_s", "tpot_p99_s",
                                         "gpu_count"])
     cells["workload"], cells["ctx"] = "synthetic", 128
     cells["tpot_p50_s"] = cells["tpot_p99_s"] / 2
     reps = []
+    names = sorted(set(cells["config"]))
     for r in cells.itertuples():
-        for i, f in enumerate((1 - spread, 1.0, 1 + spread)):
+        k = names.index(r.config) % 3
+        factors = [1 - spread, 1.0, 1 + spread]
+        for i, f in enumerate(factors[k:] + factors[:k]):
             reps.append({"config": r.config, "workload": "synthetic", "ctx": 128, "concurrency": r.concurrency,
-                         "repeat": i, "agg_output_tok_s": r.agg_output_tok_s * f})
+                         "repeat": 0, "block": i, "block_run": "r1", "agg_output_tok_s": r.agg_output_tok_s * f})
     reps = pd.DataFrame(reps)
     cells["agg_output_tok_s_ci95"] = [mean_ci95(g["agg_output_tok_s"])[1]
                                       for _, g in reps.groupby(["config", "concurrency"], sort=False)]
     return cells, reps
 
 
-NOISE = {"band": 0.05, "by_workload": {"synthetic": 0.05}}
+
+
+def screen(cells, reps, slos, cost, random_weight=None, not_lossless=None):
+    """The first screen of a sweep with no baseline comparisons (the SLO picks are what is tested here)."""
+    from servesweep.aggregate import SPEEDUP_COLUMNS
+    return first_screen(cells, reps, pd.DataFrame(columns=SPEEDUP_COLUMNS), {}, "base", slos, cost, None,
+                        random_weight, not_lossless)
 
 
 def test_best_is_highest_per_gpu_among_cells_meeting_the_target():
@@ -102,51 +117,54 @@ def test_best_is_highest_per_gpu_among_cells_meeting_the_target():
         ("tp1", 1, 300.0, 0.05, 0.004, 1), ("tp1", 64, 2000.0, 0.40, 0.035, 1),   # 2000 per GPU, meets
         ("fast", 64, 9000.0, 0.90, 0.030, 1),                                     # TTFT over the limit
     ])
-    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    choice = slo_choice(with_unit_columns(cells), reps, INTERACTIVE)
+    decide_margins([choice], Rule())
     assert (choice["best"]["config"], choice["best"]["concurrency"]) == ("tp1", 64)
     assert (choice["runner_up"]["config"], choice["runner_up"]["concurrency"]) == ("tp2", 64)
     assert choice["margin"] == pytest.approx(2000 / 1500)
     assert choice["lo"] > 1.05 and choice["verdict"] == "faster"
-    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    text = "\n".join(screen(cells, reps, [INTERACTIVE], {}))
     assert "`tp1` at C=64 — **2000 ± " in text and "output tok/s per GPU** (1 GPU)" in text
-    assert "Runner-up `tp2` at C=64 (1500 tok/s per GPU): 1.33× [" in text and "measurably ahead" in text
+    assert "Runner-up `tp2` at C=64 (1500 tok/s per GPU): 1.33× [" in text and "per GPU — faster (paired over 3 blocks" in text
     assert "No GPU energy was measured" in text and "0.000" not in text
 
 
-def test_runner_up_within_noise_is_no_measurable_difference():
+def test_runner_up_within_noise_is_inconclusive_with_the_blocks_it_would_take():
     cells, reps = sweep([("a", 8, 1000.0, 0.1, 0.01, 1), ("b", 8, 980.0, 0.1, 0.01, 1)], spread=0.03)
-    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
-    assert choice["best"]["config"] == "a" and choice["verdict"] == "no measurable difference"
-    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
-    assert "no measurable difference (noise band ±5.0 %)" in text
+    choice = slo_choice(with_unit_columns(cells), reps, INTERACTIVE)
+    decide_margins([choice], Rule())
+    assert choice["best"]["config"] == "a" and choice["verdict"] == "inconclusive"
+    text = "\n".join(screen(cells, reps, [INTERACTIVE], {}))
+    assert "— inconclusive" in text and "paired over 3 blocks" in text
 
 
 def test_one_repeat_gives_no_finding():
     cells, reps = sweep([("a", 8, 1000.0, 0.1, 0.01, 1), ("b", 8, 500.0, 0.1, 0.01, 1)])
-    reps = reps[reps["repeat"] == 0]
-    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
-    assert choice["margin"] == pytest.approx(2.0) and choice["verdict"] == "not measurable"
-    assert "fewer than two quiet repeats give no interval" in "\n".join(
-        first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    reps = reps[reps["block"] == 0]
+    choice = slo_choice(with_unit_columns(cells), reps, INTERACTIVE)
+    decide_margins([choice], Rule())
+    assert choice["margin"] == pytest.approx(2.0, rel=0.02) and choice["verdict"] == "not measurable"
+    assert "fewer than two quiet launches (or rounds) give no interval" in "\n".join(
+        screen(cells, reps, [INTERACTIVE], {}))
 
 
 def test_nothing_meets_the_target_names_the_closest_cell():
     cells, reps = sweep([("a", 8, 1000.0, 0.90, 0.01, 1), ("b", 8, 900.0, 0.60, 0.05, 1),
                          ("b", 1, 100.0, 0.50, 0.01, 1)])
-    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    choice = slo_choice(with_unit_columns(cells), reps, INTERACTIVE)
     assert choice["best"] is None and choice["closest"]["concurrency"] == 1  # 500/450 = 1.11× is the least miss
-    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    text = "\n".join(screen(cells, reps, [INTERACTIVE], {}))
     assert ("**no config meets it.** Closest: `b` at C=1 — TTFT p99 500 ms > 450 ms (1.11× the limit)") in text
 
 
 def test_client_bound_cells_are_not_picked():
     cells, reps = sweep([("a", 64, 5000.0, 0.1, 0.01, 1), ("b", 64, 1000.0, 0.1, 0.01, 1)])
     cells["client_bound"] = [True, False]
-    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    choice = slo_choice(with_unit_columns(cells), reps, INTERACTIVE)
     assert choice["best"]["config"] == "b" and choice["runner_up"] is None
     # ...but a client-bound cell that met the target above the pick is a lower bound the pick cannot beat
     assert [r["config"] for r in choice["client_bound_above"]] == ["a"]
-    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    text = "\n".join(screen(cells, reps, [INTERACTIVE], {}))
     assert ("**But** `a` at C=64 (5000 tok/s per GPU) met the target while the client limited the pace "
             "(client-bound)") in text and "cannot name the best config for this target" in text
 
@@ -155,14 +173,14 @@ def test_client_bound_cells_below_the_pick_or_missing_the_target_are_not_named()
     cells, reps = sweep([("a", 64, 500.0, 0.1, 0.01, 1), ("c", 64, 9000.0, 0.9, 0.01, 1),
                          ("b", 64, 1000.0, 0.1, 0.01, 1)])
     cells["client_bound"] = [True, True, False]
-    choice = slo_choice(with_unit_columns(cells), reps, NOISE, INTERACTIVE)
+    choice = slo_choice(with_unit_columns(cells), reps, INTERACTIVE)
     assert choice["best"]["config"] == "b" and choice["client_bound_above"] == []
-    assert "**But**" not in "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    assert "**But**" not in "\n".join(screen(cells, reps, [INTERACTIVE], {}))
 
 
 def test_cpu_engine_is_per_host_and_gets_no_gpu_price():
     cells, reps = sweep([("cpu", 4, 50.0, 0.2, 0.03, 0)])
-    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {"gpu_hour": 2.0, "currency": "EUR"}))
+    text = "\n".join(screen(cells, reps, [INTERACTIVE], {"gpu_hour": 2.0, "currency": "EUR"}))
     assert "output tok/s per host** (CPU engine, no GPU)" in text
     assert "no GPU, so the GPU-hour price does not apply" in text and "EUR 0" not in text
 
@@ -297,12 +315,12 @@ def test_random_weight_drafting_is_warned_about_where_it_is_picked():
     cells, reps = sweep([("ar", 64, 1000.0, 0.1, 0.01, 1), ("ngram", 64, 1500.0, 0.1, 0.01, 1)])
     cells["spec_drafted_tokens"] = [math.nan, 400.0]
     cells["spec_accepted_tokens"] = [math.nan, 400.0]
-    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}, {"ngram"}))
+    text = "\n".join(screen(cells, reps, [INTERACTIVE], {}, {"ngram"}))
     assert ("**Speculative decoding on random weights** in `ngram` (its server accepted 400 of 400 drafted tokens, "
             "100 %)") in text and "says nothing about a real model's acceptance" in text
     # a random-weight speculative config that is neither a pick nor a runner-up is not warned about
-    assert "random weights" not in "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}, {"other"}))
-    assert "random weights" not in "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    assert "random weights" not in "\n".join(screen(cells, reps, [INTERACTIVE], {}, {"other"}))
+    assert "random weights" not in "\n".join(screen(cells, reps, [INTERACTIVE], {}))
 
 
 def test_setup_names_the_workloads_each_config_ran():
@@ -340,32 +358,46 @@ def test_a_workload_without_length_rules_says_what_it_took():
             "(when given))") in text and "None" not in text
 
 
-def test_a_workload_without_its_own_noise_measurement_is_named():
-    from servesweep.report import noise_paragraph
-    noise = {"source": "baseline repeats", "band": 0.108, "by_workload": {"sharegpt": 0.108}}
-    text = " ".join(noise_paragraph(noise, {"sharegpt", "synthetic"}))
-    assert ("`synthetic` had no such measurement (the baseline did not run it): its cells are judged against the "
-            "sweep's band, ±10.8 %, measured on other prompts.") in text
-    assert "no such measurement" not in " ".join(noise_paragraph(noise, {"sharegpt"}))
-
-
 def test_a_pick_whose_greedy_output_changed_is_flagged_in_the_summary():
     from servesweep.report import lossless_failures
     cells, reps = sweep([("ar", 64, 1000.0, 0.1, 0.01, 1), ("ngram", 64, 1500.0, 0.1, 0.01, 1)])
     table = pd.DataFrame({"config": ["ar", "ngram", "other"], "lossless": [None, "below 100 %", "below 100 %"],
                           "exact_match_rate": [None, 0.875, 0.5], "lossless_prompts": [None, 8, 8]})
     assert lossless_failures(table) == {"ngram": "7 of 8", "other": "4 of 8"}
-    text = "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}, None, lossless_failures(table)))
+    text = "\n".join(screen(cells, reps, [INTERACTIVE], {}, None, lossless_failures(table)))
     assert ("**Greedy output changed** under `ngram` (7 of 8 lossless-check completions matched the baseline's), "
             "named above") in text and "`other`" not in text
-    assert "Greedy output changed" not in "\n".join(first_screen(cells, reps, NOISE, [INTERACTIVE], {}))
+    assert "Greedy output changed" not in "\n".join(screen(cells, reps, [INTERACTIVE], {}))
 
 
 def test_speedups_of_speculative_configs_on_random_weights_are_marked():
-    from servesweep.report import speedup_findings
     speedup = pd.DataFrame({"config": ["ngram"] * 2, "workload": ["synthetic"] * 2, "ctx": [1024] * 2,
                             "concurrency": [1, 16], "speedup": [2.0, 1.1], "speedup_lo": [1.9, 0.9],
-                            "speedup_hi": [2.1, 1.3], "verdict": ["faster", "no measurable difference"]})
-    marked = "\n".join(speedup_findings(speedup, NOISE, "ar", {"ngram"}))
-    assert "(C=1: 2.00× [1.90, 2.10]; C=16: 1.10× [0.90, 1.30]). Speculative on random weights" in marked
-    assert "random weights" not in "\n".join(speedup_findings(speedup, NOISE, "ar"))
+                            "speedup_hi": [2.1, 1.3], "verdict": ["faster", "inconclusive"],
+                            "blocks_to_decide": [None, 9]})
+    marked = "\n".join(rd.config_findings(speedup, "ar", {"ngram"}))
+    assert ("C=1: 2.00× [1.90, 2.10] faster; C=16: 1.10× [0.90, 1.30] inconclusive (about 9 blocks would likely "
+            "decide it). Speculative on random weights") in marked
+    assert "random weights" not in "\n".join(rd.config_findings(speedup, "ar"))
+
+
+def test_the_claims_check_fails_on_a_sentence_the_tables_contradict(tmp_path):
+    """tests/report_claims.py, which every example's rebuilt report passes, must fail when a verdict, a ratio or an
+    "only config measured" line disagrees with the tables."""
+    from pathlib import Path
+
+    from report_claims import check_claims
+    from servesweep.rebuild import report_from_example
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "h200-sglang-gemma"
+    text = report_from_example(example, tmp_path)
+    speedup, cells_ = pd.read_csv(tmp_path / "speedup.csv"), pd.read_csv(tmp_path / "cells.csv")
+    assert check_claims(text, speedup, cells_) >= 8
+    line = "- `ngram` on humaneval prompts: C=1: 1.57× [1.49, 1.65] faster"
+    assert line in text
+    for wrong in (line.replace("faster", "slower"), line.replace("1.57×", "1.75×"),
+                  line.replace("[1.49,", "[1.39,")):
+        with pytest.raises(AssertionError):
+            check_claims(text.replace(line, wrong), speedup, cells_)
+    with pytest.raises(AssertionError):
+        check_claims(text + "\n- humaneval C=16: `ngram` (1.0 tok/s), the only config measured.\n", speedup, cells_)

@@ -228,16 +228,6 @@ def test_old_tables_without_load_columns_still_compare():
     assert sp["load"].tolist() == ["concurrency"] and sp["concurrency"].tolist() == [1]
 
 
-def test_noise_band_comes_from_closed_loop_cells():
-    _, repeats = _frames()
-    # The baseline's rate cell spreads ±50 % (how many sends fell in the window), its closed-loop cell ±1 %.
-    repeats.loc[(repeats["config"] == "base") & (repeats["load"] == "rate"), "agg_output_tok_s"] = [50, 100, 150]
-    noise = aggregate.noise_band(repeats, [{"config": "base"}, {"config": "fast"}], "base")
-    assert noise["source"] == "baseline repeats" and noise["band"] == pytest.approx(0.02)
-    only_rate = aggregate.rate_cells(repeats)
-    assert aggregate.noise_band(only_rate, [{"config": "base"}], "base")["band"] == pytest.approx(1.0)
-
-
 def test_closed_loop_view_has_integer_concurrency():
     cells, _ = _frames()
     view = aggregate.closed_loop(cells)
