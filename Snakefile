@@ -30,6 +30,7 @@ include: "rules/report.smk"
 localrules:
     all,
     download_model,
+    collect_config,
     aggregate_tables,
     check_lossless,
     plot_charts,

@@ -34,7 +34,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from servesweep.stats import mean_ci95, ratio_ci95, verdict  # noqa: E402
+from servesweep import decide  # noqa: E402
+from servesweep.stats import mean_ci95  # noqa: E402
 from servesweep.warmup import cache_snapshot  # noqa: E402
 
 DEFAULT_CACHE_DIRS = ["~/.cache", "~/.triton", "~/.nv", "/tmp"]
@@ -111,21 +112,23 @@ def compare(args: argparse.Namespace) -> int:
     print("| config | workload | ctx | C | serial tok/s | packed tok/s | packed/serial [95 % CI] | verdict |")
     print("|---|---|---|---|---|---|---|---|")
     keys = ["workload", "ctx", "concurrency"]
+    rows = []
     for name in sorted(set(serial["repeats"]) & set(packed["repeats"])):
         s_df, p_df = serial["repeats"][name], packed["repeats"][name]
         p_groups = dict(list(p_df.groupby(keys)))
         for key, s_cell in s_df.groupby(keys):
             p_cell = p_groups.get(key)
-            if p_cell is None:
-                continue
-            a = list(p_cell["agg_output_tok_s"])
-            b = list(s_cell["agg_output_tok_s"])
-            r, lo, hi = ratio_ci95(a, b)
-            m_b, h_b = mean_ci95(b)
-            m_a, h_a = mean_ci95(a)
-            band = (max(b) - min(b)) / m_b if m_b and len(b) > 1 else float("nan")  # serial repeats' spread
-            print(f"| {name} | {key[0]} | {key[1]} | {key[2]} | {m_b:.1f} ± {h_b:.1f} | {m_a:.1f} ± {h_a:.1f} | "
-                  f"{r:.3f} [{lo:.3f}, {hi:.3f}] | {verdict(lo, hi, band)} |")
+            if p_cell is not None:
+                a, b = list(p_cell["agg_output_tok_s"]), list(s_cell["agg_output_tok_s"])
+                rows.append((name, key, a, b, decide.unpaired(b, a, decide.ONE_LAUNCH)))
+    # The two runs are separate launches, unpaired: each cell's rounds against the other run's, all cells decided
+    # together (servesweep.decide: Benjamini–Hochberg at 5 %).
+    for (name, key, a, b, _), d in zip(rows, decide.decide([r[4] for r in rows], decide.Rule())):
+        m_b, h_b = mean_ci95(b)
+        m_a, h_a = mean_ci95(a)
+        e = d.estimate
+        print(f"| {name} | {key[0]} | {key[1]} | {key[2]} | {m_b:.1f} ± {h_b:.1f} | {m_a:.1f} ± {h_a:.1f} | "
+              f"{e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}] | {d.verdict} |")
     return 0
 
 

@@ -20,5 +20,6 @@ rule aggregate_tables:
     params:
         baseline=BASELINE,
         cost=config["cost"],
+        decision=config["decision"],
     script:
         "../scripts/aggregate_tables.py"

@@ -1,4 +1,5 @@
 rule bench_config:
+    """One launch of one config: block {block} of the sweep."""
     input:
         model=get_model_of,
         # Re-checking the host or re-preparing an engine must not re-benchmark every config: order only.
@@ -6,20 +7,22 @@ rule bench_config:
         env=ancient(f"results/env/{HOST}.json"),
         warm=get_warm_of,
     output:
-        cells="results/runs/{cfg}/cells.csv",
-        repeats="results/runs/{cfg}/repeats.csv",
-        requests="results/runs/{cfg}/requests.jsonl",
-        meta="results/runs/{cfg}/meta.json",
-        server_log="results/runs/{cfg}/server.log",
-        telemetry="results/runs/{cfg}/telemetry.csv",
-        coding_eval="results/runs/{cfg}/coding_eval.json",
-        greedy="results/runs/{cfg}/greedy.jsonl",
+        cells="results/blocks/{cfg}/b{block}/cells.csv",
+        repeats="results/blocks/{cfg}/b{block}/repeats.csv",
+        requests="results/blocks/{cfg}/b{block}/requests.jsonl",
+        meta="results/blocks/{cfg}/b{block}/meta.json",
+        server_log="results/blocks/{cfg}/b{block}/server.log",
+        telemetry="results/blocks/{cfg}/b{block}/telemetry.csv",
+        coding_eval="results/blocks/{cfg}/b{block}/coding_eval.json",
+        greedy="results/blocks/{cfg}/b{block}/greedy.jsonl",
     log:
-        "logs/bench/{cfg}.log",
+        "logs/bench/{cfg}.b{block}.log",
     benchmark:
-        "results/benchmarks/bench_config/{cfg}.tsv"
+        "results/benchmarks/bench_config/{cfg}.b{block}.tsv"
     conda:
         "../envs/servesweep.yaml"
+    # Blocks run in turn, each in its own order of configs (common.smk, block_priority).
+    priority: block_priority
     # The SLURM profile turns these into the config's job request; local runs ignore them.
     resources:
         gpu=get_gpus,
@@ -31,8 +34,37 @@ rule bench_config:
         slurm_account=get_slurm_setting("account"),
     params:
         run=get_bench_params,
+        position=block_position,
     script:
         "../scripts/bench_config.py"
+
+
+rule collect_config:
+    """A config's launches in one run folder: every round of every block, and the cells combined over blocks."""
+    input:
+        cells=get_block_outputs("cells.csv"),
+        repeats=get_block_outputs("repeats.csv"),
+        requests=get_block_outputs("requests.jsonl"),
+        meta=get_block_outputs("meta.json"),
+        server_log=get_block_outputs("server.log"),
+        telemetry=get_block_outputs("telemetry.csv"),
+        coding_eval=get_block_outputs("coding_eval.json"),
+        greedy=get_block_outputs("greedy.jsonl"),
+    output:
+        cells="results/runs/{cfg}/cells.csv",
+        repeats="results/runs/{cfg}/repeats.csv",
+        requests="results/runs/{cfg}/requests.jsonl",
+        meta="results/runs/{cfg}/meta.json",
+        server_log="results/runs/{cfg}/server.log",
+        telemetry="results/runs/{cfg}/telemetry.csv",
+        coding_eval="results/runs/{cfg}/coding_eval.json",
+        greedy="results/runs/{cfg}/greedy.jsonl",
+    log:
+        "logs/collect/{cfg}.log",
+    conda:
+        "../envs/servesweep.yaml"
+    script:
+        "../scripts/collect_config.py"
 
 
 rule warm_host:

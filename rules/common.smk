@@ -1,11 +1,13 @@
 import importlib.resources
 import os
 import socket
+import time
 from pathlib import Path
 
 from snakemake.utils import validate
 
 from servesweep.config import SCHEMA_RESOURCE, ConfigError, check_config
+from servesweep.decide import block_order
 from servesweep.correctness.job import coding_eval_configs
 from servesweep.engines import engine_names, get_engine
 from servesweep.envcheck import nvls_configs
@@ -26,6 +28,13 @@ HOST = config.get("host", {}).get("name") or os.environ.setdefault(
     "SERVESWEEP_HOST", socket.gethostname().split(".")[0]
 )
 BASELINE = config["baseline"]
+# Blocks (docs/measurement.md, "Blocks"): every config is launched once per block, in the block's order.
+BLOCKS = list(range(config["design"]["blocks"]))
+BLOCK_ORDER = block_order(SERVER_CONFIGS, len(BLOCKS), config["design"]["order_seed"])
+# One id per invocation of snakemake, inherited by every job it starts (cluster jobs through sbatch --export=ALL):
+# two configs' launches of one block are paired in time only when they were measured in the same run. Not a param:
+# a new run must not re-measure what an earlier one measured.
+os.environ.setdefault("SERVESWEEP_RUN", f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
 
 
 wildcard_constraints:
@@ -34,6 +43,7 @@ wildcard_constraints:
     cfg=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     model=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     engine="|".join(engine_names()),
+    block=r"\d+",
 
 
 def get_model_of(wildcards):
@@ -69,6 +79,25 @@ def get_bench_params(wildcards):
         "slo": config.get("slo", {}),  # goodput per target is counted per request by the bench job
         "parallel_cpu_benches": config.get("host", {}).get("parallel_cpu_benches", False),
     }
+
+
+def block_priority(wildcards):
+    """Scheduling priority of one config's launch in one block: blocks in turn, and within a block the block's order
+    (Snakemake runs the ready job of highest priority first). Only the order of launches depends on it, never what
+    is measured; the order actually run is recorded in each launch's meta.json and checked by the report."""
+    b = int(wildcards.block)
+    position = BLOCK_ORDER[b].index(wildcards.cfg)
+    return (len(BLOCKS) - b) * (len(SERVER_CONFIGS) + 1) - position
+
+
+def block_position(wildcards):
+    """Where a config stands in its block's planned order (0: launched first)."""
+    return BLOCK_ORDER[int(wildcards.block)].index(wildcards.cfg)
+
+
+def get_block_outputs(name):
+    """One config's file `name` from each of its launches."""
+    return lambda wc: expand(f"results/blocks/{wc.cfg}/b{{block}}/{name}", block=BLOCKS)
 
 
 def get_gpus(wildcards):

@@ -5,8 +5,9 @@ configure(snakemake.log[0])
 from pathlib import Path
 
 from servesweep.aggregate import TablePaths, build_tables
+from servesweep.decide import Rule
 
 inputs, out, params = snakemake.input, snakemake.output, snakemake.params
 build_tables([Path(p) for p in inputs.cells], [Path(p) for p in inputs.repeats], [Path(p) for p in inputs.meta],
              str(params.baseline), TablePaths(**{name: Path(out[name]) for name in TablePaths.__dataclass_fields__}),
-             dict(params.cost) if params.cost is not None else None)
+             dict(params.cost) if params.cost is not None else None, Rule.from_config(params.decision))

@@ -1,4 +1,5 @@
 import json
+import os
 
 from servesweep.logs import configure
 
@@ -6,11 +7,12 @@ configure(snakemake.log[0])
 
 from pathlib import Path
 
-from servesweep.bench import JobPaths, run_config
+from servesweep.bench import Block, JobPaths, run_config
 from servesweep.correctness.job import CorrectnessOutputs
 
 run = snakemake.params.run
 cfg = snakemake.wildcards.cfg
+block = Block(int(snakemake.wildcards.block), snakemake.params.position, os.environ.get("SERVESWEEP_RUN", ""))
 config = {
     "server_configs": {cfg: run["server_config"]},
     "models": {run["server_config"]["model"]: run["model"]},
@@ -22,8 +24,12 @@ config = {
 }
 out = snakemake.output
 paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
-                 Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg).attempt_dir)
+                 Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg, block=block.index).attempt_dir)
 warm = list(snakemake.input.get("warm", []))  # the host warm-up of this engine, where the sweep has one
+correctness = CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy))
 run_config(cfg, config, json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)), paths,
-           correctness_outputs=CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)),
-           host_warmup=json.load(open(warm[0])) if warm else None)
+           # The correctness checks judge the config, not a launch: they run once, in its first block.
+           correctness_outputs=correctness if block.index == 0 else None,
+           host_warmup=json.load(open(warm[0])) if warm else None, block=block)
+if block.index != 0:
+    correctness.skipped(cfg, "run once per config, in block 0")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servesweep import diagnosis, roofline
+from servesweep import compare, decide, diagnosis, roofline
 from servesweep import stats as stats_mod
 from servesweep.speculation import speculation_status
 
@@ -272,46 +272,9 @@ def clean_repeats(repeats: pd.DataFrame) -> pd.DataFrame:
     return repeats[~(repeats["host_other_cpu_pct"] > HOST_BUSY_PCT)]
 
 
-def _repeat_values(repeats: pd.DataFrame, config: str, key: tuple, column: str) -> list[float]:
-    sel = repeats[cell_mask(repeats, key, config)]
-    return [float(x) for x in sel[column].dropna()] if column in sel else []
-
-
-def ratio_rows(repeats: pd.DataFrame, config: str, reference: str, column: str = "agg_output_tok_s") -> list[dict]:
-    """Per cell both configs measured: ``config``'s mean over ``reference``'s for ``column``, with its Fieller
-    interval over the two configs' repeats."""
-    out = []
-    repeats = _keyed(repeats)
-    keys = repeats[repeats["config"] == config][CELL_KEYS].drop_duplicates().itertuples(index=False)
-    repeats = clean_repeats(repeats)
-    for key in keys:
-        a = _repeat_values(repeats, config, tuple(key), column)
-        b = _repeat_values(repeats, reference, tuple(key), column)
-        if not a or not b:
-            continue
-        ratio, lo, hi = stats_mod.ratio_ci95(a, b)
-        out.append({**dict(zip(CELL_KEYS, key)), "ratio": ratio, "lo": lo, "hi": hi,
-                    "repeats": len(a), "reference_repeats": len(b)})
-    return out
-
-
-def _bands(cells: list[dict]) -> dict:
-    """The band per workload (the largest over its cells) and over the whole sweep. Real-text prompts vary in
-    length and so in speed, so each workload's cells are judged against their own workload's noise."""
-    by_workload: dict[str, float] = {}
-    for c in cells:
-        if not math.isnan(c["band"]):
-            by_workload[c["workload"]] = max(by_workload.get(c["workload"], 0.0), c["band"])
-    return {"band": max(by_workload.values()) if by_workload else math.nan, "by_workload": by_workload}
-
-
-def band_for(noise: dict, workload: str) -> float:
-    """The noise band that applies to a cell of ``workload``: its workload's own, else the sweep's."""
-    return (noise.get("by_workload") or {}).get(workload, noise.get("band", math.nan))
-
-
 def launch_key(meta: dict) -> tuple:
-    """What makes two configs' servers the same: engine, model and command line (the port left out)."""
+    """What makes two configs' servers the same: engine, model, command line (the port left out) and the
+    environment the config sets (GPU pinning left out: packed configs differ in it by design)."""
     argv = [str(a) for a in meta.get("argv") or []]
     kept = []
     skip = False
@@ -323,13 +286,15 @@ def launch_key(meta: dict) -> tuple:
             skip = True
             continue
         kept.append(arg)
-    return meta.get("engine"), meta.get("model"), tuple(kept)
+    env = tuple(sorted((str(k), str(v)) for k, v in (meta.get("env") or {}).items()
+                       if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")))
+    return meta.get("engine"), meta.get("model"), tuple(kept), env
 
 
 def identical_configs(metas: list[dict]) -> dict[str, str]:
-    """Configs launched exactly like another one of the sweep (same engine, model, command line but the port):
-    {copy: original}, the original being the first by name. Two such configs measure the same server twice, so
-    whatever separates them is noise — an A/A pair whatever they are called."""
+    """Configs launched exactly like another one of the sweep (same engine, model, command line but the port, same
+    environment): {copy: original}, the original being the first by name. Two such configs measure the same server
+    twice, so whatever separates them is noise — an A/A pair whatever they are called."""
     first: dict[tuple, str] = {}
     out = {}
     for meta in sorted(metas, key=lambda m: m["config"]):
@@ -343,108 +308,154 @@ def identical_configs(metas: list[dict]) -> dict[str, str]:
     return out
 
 
-def noise_band(repeats: pd.DataFrame, metas: list[dict], baseline: str) -> dict:
-    """The sweep's measured noise: how far apart measurements that should be equal came out.
-
-    - With replicate configs (``replicate_of``: an identical copy measured as its own job — or any two configs
-      whose servers are launched identically, see ``identical_configs``), the band is the
-      farthest any copy's throughput ratio to its original, or that ratio's 95 % interval, reached from 1 in any
-      cell: launch-to-launch and order effects included.
-    - Otherwise, the baseline's own repeats: the largest relative range (max − min) / mean over its cells. This
-      misses launch-to-launch variation, which only a replicate measures; the report says which source was used.
-    - With one repeat and no replicate there is no band, and no difference is called.
-
-    Bands are kept per workload (``by_workload``); ``band`` is the largest of them. They come from the closed-loop
-    cells when the sweep has any: a rate cell's throughput follows the load it is offered, so its spread says how
-    many of the schedule's sends fell inside the window, not how much the server's speed varies.
-    """
-    replicas = {m["config"]: m["labels"]["replicate_of"] for m in metas
-                if (m.get("labels") or {}).get("replicate_of")}
-    identical = identical_configs(metas)
-    for copy, original in identical.items():
-        replicas.setdefault(copy, original)
-    per_cell = []
-    repeats = _keyed(repeats)
-    if "load" in repeats and (repeats["load"] == "concurrency").any():
-        repeats = repeats[repeats["load"] == "concurrency"]
-    for copy, original in sorted(replicas.items()):
-        for r in ratio_rows(repeats, copy, original):
-            per_cell.append({**r, "config": copy, "reference": original,
-                             "band": stats_mod.relative_band(r["lo"], r["hi"], r["ratio"])})
-    if per_cell:
-        return {"source": "replicate", **_bands(per_cell), "replicates": replicas,
-                "identical_configs": identical, "cells": per_cell}
-    base = clean_repeats(repeats)
-    base = base[base["config"] == baseline]
-    spreads = []
-    for key, g in base.groupby(CELL_KEYS, dropna=False):
-        xs = g["agg_output_tok_s"].dropna()
-        if len(xs) >= 2 and xs.mean() > 0:
-            spreads.append({**{k: (v.item() if hasattr(v, "item") else v) for k, v in zip(CELL_KEYS, key)},
-                            "repeats": len(xs), "band": float((xs.max() - xs.min()) / xs.mean())})
-    if spreads:
-        return {"source": "baseline repeats", **_bands(spreads), "cells": spreads}
-    return {"source": "none", "band": math.nan, "by_workload": {}, "cells": [],
-            "why": "one repeat per cell and no replicate config: no measured noise, so no difference is called"}
+def replicates(metas: list[dict]) -> dict[str, str]:
+    """{copy: original}: ``replicate_of`` copies and configs launched identically to another."""
+    out = {m["config"]: m["labels"]["replicate_of"] for m in metas if (m.get("labels") or {}).get("replicate_of")}
+    for copy, original in identical_configs(metas).items():
+        out.setdefault(copy, original)
+    return out
 
 
 FAILED_SPECULATION = "failed measurement: speculation never ran"
+# The two figures every config is compared on: output tok/s of the server (throughput) and per-request decode tok/s
+# (what one user sees).
+METRICS = {"agg_output_tok_s": "speedup", "per_request_tok_s": "per_request_speedup"}
 
 
-def _busy(repeats: pd.DataFrame, config: str, key: tuple) -> bool:
-    """Fewer than two of the cell's repeats were measured on a quiet host (and some were not)."""
-    if "host_other_cpu_pct" not in repeats:
-        return False
-    sel = repeats[cell_mask(repeats, key, config)]
-    quiet = len(clean_repeats(sel))
-    return quiet < len(sel) and quiet < 2
+def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repeats: pd.DataFrame) -> dict:
+    """The sweep's design and resolution, for noise.json and the report: blocks, rounds, how the comparisons were
+    made, how many there were, and the minimum detectable effect per load level."""
+    blocks = sorted({b for m in metas for b in [x.get("block") for x in m.get("blocks") or [m]] if b is not None})
+    rounds = sorted({int(r) for r in repeats.groupby([c for c in ("config", *CELL_KEYS, "block") if c in repeats],
+                                                     dropna=False).size()}) if not repeats.empty else []
+    decided = [r for r in rows if r["family"] == "sweep" and r["verdict"] != decide.NOT_MEASURABLE]
+    resolution = []
+    for (load, level), g in pd.DataFrame(decided or [{"load": None, "level": None}]).groupby(["load", "level"]):
+        if not decided:
+            break
+        for metric in METRICS.values():
+            mdes = [x for x in g[g["metric"] == metric]["mde"] if pd.notna(x)]
+            if mdes:
+                resolution.append({"load": load, "level": level, "metric": metric, "comparisons": len(mdes),
+                                   "mde_median": float(pd.Series(mdes).median()), "mde_max": float(max(mdes))})
+    designs = pd.Series([r["design"] for r in decided]).value_counts().to_dict() if decided else {}
+    return {"blocks": len(blocks), "rounds_per_launch": rounds, "designs": designs,
+            "rule": {"alpha": rule.alpha, "margin": rule.margin, "min_effect": rule.min_effect, "power": rule.power,
+                     "error_control": "Benjamini–Hochberg false-discovery rate over the sweep's comparisons"},
+            "comparisons": len(decided), "resolution": resolution}
 
 
-def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noise: dict | float,
-                  metas: list[dict] | None = None) -> pd.DataFrame:
+def comparison_rows(repeats: pd.DataFrame, pairs: list[tuple[str, str, tuple]], rule: decide.Rule,
+                    families: dict[tuple, str] | None = None) -> list[dict]:
+    """Every (config, reference, cell) pair in ``pairs`` on both METRICS, decided family by family (``families``:
+    pair → family name; "sweep" by default)."""
+    repeats = _keyed(repeats)
+    rows = []
+    for cfg, ref, key in pairs:
+        for column, metric in METRICS.items():
+            if column not in repeats:
+                continue
+            est = compare.estimate(compare.cell_rows(repeats, ref, key), compare.cell_rows(repeats, cfg, key), column)
+            rows.append({"config": cfg, "reference": ref, **dict(zip(CELL_KEYS, key)), "metric": metric,
+                         "level": key[3] if key[2] == "concurrency" else key[4], "estimate": est,
+                         "family": (families or {}).get((cfg, ref, key), "sweep")})
+    for family in sorted({r["family"] for r in rows}):
+        members = [r for r in rows if r["family"] == family]
+        for r, d in zip(members, decide.decide([r["estimate"] for r in members], rule)):
+            e = d.estimate
+            r.update(ratio=e.ratio, lo=e.lo, hi=e.hi, design=e.design, blocks=e.n, verdict=d.verdict,
+                     q=d.q_difference, q_equivalence=d.q_equivalence, mde=d.mde, blocks_to_decide=d.blocks_to_decide)
+    return rows
+
+
+def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noise: dict | None = None,
+                  metas: list[dict] | None = None, rule: decide.Rule | None = None) -> pd.DataFrame:
     """Every other config against the baseline at the same cell (workload, ctx, and the same concurrency or the same
-    request rate): throughput and per-request speedup
-    with Fieller 95 % intervals over repeats, and the verdict against the noise band. A config that asked for
-    speculative decoding whose engine counted no drafts gets no verdict: its numbers measured plain decoding."""
+    request rate): throughput and per-request speedup, each a geometric-mean ratio over paired blocks (or the design
+    the data allowed, ``design``) with its 95 % interval, and the verdict of the sweep's rule (``servesweep.decide``:
+    Benjamini–Hochberg over all these comparisons). Replicates of the baseline are decided in their own family, the
+    design's A/A check. A config that asked for speculative decoding whose engine counted no drafts gets no
+    verdict: its numbers measured plain decoding."""
+    rule = rule or decide.Rule()
+    metas = metas or []
     status = speculation_status(cells, metas) if metas else {}
     cells, repeats = _keyed(cells), _keyed(repeats)
-    if not isinstance(noise, dict):
-        noise = {"band": noise}
-    rows = []
+    copies = replicates(metas)
+    pairs, families = [], {}
     for cfg in sorted(set(cells["config"]) - {baseline}):
-        per_req = {_hashable(tuple(r[k] for k in CELL_KEYS)): r
-                   for r in ratio_rows(repeats, cfg, baseline, "per_request_tok_s")}
-        for r in ratio_rows(repeats, cfg, baseline):
-            key = tuple(r[k] for k in CELL_KEYS)
-            band = band_for(noise, key[0])
-            pr = per_req.get(_hashable(key), {})
-            mine = cells[cell_mask(cells, key, cfg)]
-            base = cells[cell_mask(cells, key, baseline)]
-            if mine.empty or base.empty:
+        keys = cells[cells["config"] == cfg][CELL_KEYS].drop_duplicates().itertuples(index=False)
+        for key in keys:
+            key = tuple(key)
+            if cells[cell_mask(cells, key, baseline)].empty:
                 continue
-            rows.append({
-                "config": cfg, **dict(zip(CELL_KEYS, key)),
-                "agg_output_tok_s": mine["agg_output_tok_s"].iloc[0],
-                "baseline_agg_tok_s": base["agg_output_tok_s"].iloc[0],
-                "speedup": r["ratio"], "speedup_lo": r["lo"], "speedup_hi": r["hi"],
-                "per_request_speedup": pr.get("ratio", math.nan), "per_request_speedup_lo": pr.get("lo", math.nan),
-                "per_request_speedup_hi": pr.get("hi", math.nan),
-                "repeats": r["repeats"], "baseline_repeats": r["reference_repeats"], "noise_band": band,
-                "speculation": ("" if cfg not in status or status[cfg].requested is None else
-                                "ran" if status[cfg].ran else "never drafted" if status[cfg].ran is False
-                                else "not reported"),
-                "verdict": (FAILED_SPECULATION if cfg in status and status[cfg].ran is False
-                            else HOST_BUSY if _busy(repeats, cfg, key) or _busy(repeats, baseline, key)
-                            else stats_mod.verdict(r["lo"], r["hi"], band)),
-                "per_request_verdict": stats_mod.verdict(pr.get("lo", math.nan), pr.get("hi", math.nan), band),
-                "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]
-                                     or base.get("client_bound", pd.Series([False])).fillna(False).iloc[0]),
-            })
-    cols = ["config", *CELL_KEYS, "agg_output_tok_s", "baseline_agg_tok_s", "speedup",
-            "speedup_lo", "speedup_hi", "per_request_speedup", "per_request_speedup_lo", "per_request_speedup_hi",
-            "repeats", "baseline_repeats", "noise_band", "speculation", "verdict", "per_request_verdict",
-            "client_bound"]
-    return pd.DataFrame(rows, columns=cols)
+            pairs.append((cfg, baseline, key))
+            if copies.get(cfg) == baseline:
+                families[(cfg, baseline, key)] = "replicate check"
+    rows = comparison_rows(repeats, pairs, rule, families)
+    by = {(r["config"], _hashable(tuple(r[k] for k in CELL_KEYS)), r["metric"]): r for r in rows}
+    out = []
+    for cfg, _, key in pairs:
+        t, u = by.get((cfg, _hashable(key), "speedup"), {}), by.get((cfg, _hashable(key), "per_request_speedup"), {})
+        if not t:
+            continue
+        mine, base = cells[cell_mask(cells, key, cfg)], cells[cell_mask(cells, key, baseline)]
+        verdict = t["verdict"]
+        if cfg in status and status[cfg].ran is False:
+            verdict = FAILED_SPECULATION
+        elif compare.busy(repeats, cfg, key) or compare.busy(repeats, baseline, key):
+            verdict = HOST_BUSY
+        out.append({
+            "config": cfg, **dict(zip(CELL_KEYS, key)),
+            "agg_output_tok_s": mine["agg_output_tok_s"].iloc[0],
+            "baseline_agg_tok_s": base["agg_output_tok_s"].iloc[0],
+            "speedup": t["ratio"], "speedup_lo": t["lo"], "speedup_hi": t["hi"],
+            "per_request_speedup": u.get("ratio", math.nan), "per_request_speedup_lo": u.get("lo", math.nan),
+            "per_request_speedup_hi": u.get("hi", math.nan),
+            "design": t["design"], "blocks": t["blocks"], "family": t["family"],
+            "q": t["q"], "mde": t["mde"], "blocks_to_decide": t["blocks_to_decide"],
+            "per_request_q": u.get("q", math.nan), "per_request_mde": u.get("mde", math.nan),
+            "speculation": ("" if cfg not in status or status[cfg].requested is None else
+                            "ran" if status[cfg].ran else "never drafted" if status[cfg].ran is False
+                            else "not reported"),
+            "verdict": verdict,
+            "per_request_verdict": u.get("verdict", decide.NOT_MEASURABLE),
+            "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]
+                                 or base.get("client_bound", pd.Series([False])).fillna(False).iloc[0]),
+        })
+    return pd.DataFrame(out, columns=SPEEDUP_COLUMNS)
+
+
+SPEEDUP_COLUMNS = ["config", *CELL_KEYS, "agg_output_tok_s", "baseline_agg_tok_s", "speedup", "speedup_lo",
+                   "speedup_hi", "per_request_speedup", "per_request_speedup_lo", "per_request_speedup_hi", "design",
+                   "blocks", "family", "q", "mde", "blocks_to_decide", "per_request_q", "per_request_mde",
+                   "speculation", "verdict", "per_request_verdict", "client_bound"]
+
+
+def design_table(speedup: pd.DataFrame, metas: list[dict], repeats: pd.DataFrame, rule: decide.Rule) -> dict:
+    """noise.json: the sweep's design (blocks, rounds, pairing), its rule, its resolution (minimum detectable effect
+    per load level and metric) and the replicate check (what each identical copy was called against its
+    original: expected nothing)."""
+    rows = []
+    for r in speedup.to_dict("records"):
+        for metric, prefix in (("speedup", ""), ("per_request_speedup", "per_request_")):
+            rows.append({"family": r["family"], "load": r["load"],
+                         "level": r["concurrency"] if r["load"] == "concurrency" else r["request_rate"],
+                         "metric": metric, "mde": r[f"{prefix}mde"], "design": r["design"],
+                         "verdict": r[f"{prefix}verdict"]})
+    out = _design_summary(rows, rule, metas, repeats)
+    checks = speedup[speedup["family"] == "replicate check"]
+    out["replicates"] = replicates(metas)
+    out["replicate_check"] = [
+        {"config": r["config"], "workload": r["workload"], "ctx": r["ctx"], "load": r["load"],
+         "level": r["concurrency"] if r["load"] == "concurrency" else r["request_rate"],
+         "ratio": r["speedup"], "lo": r["speedup_lo"], "hi": r["speedup_hi"], "verdict": r["verdict"],
+         "per_request_ratio": r["per_request_speedup"], "per_request_verdict": r["per_request_verdict"]}
+        for r in checks.to_dict("records")]
+    out["replicate_differs"] = sorted({c["config"] for c in out["replicate_check"]
+                                       if c["verdict"] in (decide.FASTER, decide.SLOWER)
+                                       or c["per_request_verdict"] in (decide.FASTER, decide.SLOWER)
+                                       or str(c["verdict"]).startswith(("faster,", "slower,"))})
+    return out
 
 
 def _hashable(key: tuple) -> tuple:
@@ -524,6 +535,9 @@ def speedup_markdown(sp: pd.DataFrame, baseline: str) -> str:
         "speedup [95 % CI]": [interval(r, "speedup") for _, r in sp.iterrows()],
         "per-request speedup [95 % CI]": [interval(r, "per_request_speedup") for _, r in sp.iterrows()],
         "verdict": sp["verdict"],
+        "per-request verdict": sp["per_request_verdict"],
+        "design": [f"{d} ({int(n)})" if pd.notna(n) else d for d, n in zip(sp["design"], sp["blocks"])],
+        "MDE": sp["mde"].map(lambda x: f"±{100 * x:.1f} %" if pd.notna(x) else "–"),
     })
     if sp["request_rate"].isna().all():
         shown = shown.drop(columns="rate req/s")  # a closed-loop-only sweep keeps its old table
@@ -554,7 +568,7 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: list[Path], baseline: str,
-                 out: TablePaths, cost: dict | None = None) -> None:
+                 out: TablePaths, cost: dict | None = None, rule: decide.Rule | None = None) -> None:
     """Write the sweep's tables: cells, repeats, noise band, throughput, speedup and energy (CSV and markdown);
     ``cost`` is the config's ``cost:`` section (prices for cost per million output tokens). Plain lists of paths,
     a string and a dict: the Snakemake adapter (scripts/aggregate_tables.py) translates its objects."""
@@ -564,12 +578,13 @@ def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: l
     cells = with_unit_columns(with_repeat_extremes(cells, repeats), cost)
     cells.to_csv(out.cells, index=False)
     repeats.to_csv(out.repeats, index=False)
-    noise = noise_band(repeats, metas, baseline)
-    Path(out.noise).write_text(json.dumps(noise, indent=2, default=float) + "\n")
+    rule = rule or decide.Rule()
     tp = throughput_table(cells)
     tp.to_csv(out.throughput, index=False)
     Path(out.throughput_md).write_text(throughput_markdown(cells))
-    sp = speedup_table(cells, repeats, baseline, noise, metas)
+    sp = speedup_table(cells, repeats, baseline, metas=metas, rule=rule)
+    design = design_table(sp, metas, repeats, rule)
+    Path(out.noise).write_text(json.dumps(design, indent=2, default=_json_value) + "\n")
     sp.to_csv(out.speedup, index=False)
     Path(out.speedup_md).write_text(speedup_markdown(sp, baseline))
     energy = energy_table(cells)
@@ -577,11 +592,17 @@ def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: l
     Path(out.energy_md).write_text(to_markdown(readable(energy.dropna(axis="columns", how="all")), "g"))
 
 
-def build_tables_in(run_dirs: list[Path], baseline: str, out_dir: Path, cost: dict | None = None) -> TablePaths:
+def _json_value(x):
+    """numpy scalars and the like in noise.json."""
+    return x.item() if hasattr(x, "item") else str(x)
+
+
+def build_tables_in(run_dirs: list[Path], baseline: str, out_dir: Path, cost: dict | None = None,
+                    rule: decide.Rule | None = None) -> TablePaths:
     """``build_tables`` over run folders (``cells.csv``, ``repeats.csv`` if recorded, ``meta.json`` each), writing
     the tables under ``out_dir`` with the pipeline's file names: how recorded examples are regenerated."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = TablePaths.in_dir(out_dir)
     build_tables([d / "cells.csv" for d in run_dirs], [d / "repeats.csv" for d in run_dirs],
-                 [d / "meta.json" for d in run_dirs], baseline, paths, cost)
+                 [d / "meta.json" for d in run_dirs], baseline, paths, cost, rule)
     return paths

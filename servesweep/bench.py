@@ -76,6 +76,19 @@ class CellKey:
                 "request_rate": self.request_rate, "repeat": self.repeat}
 
 
+@dataclass(frozen=True)
+class Block:
+    """Which launch of a config this job is: block ``index`` of the sweep, launched ``position``-th in the block's
+    planned order, in the pipeline run ``run`` (the launches of one block are paired in time only within one run)."""
+
+    index: int = 0
+    position: int = 0
+    run: str = ""
+
+    def columns(self) -> dict:
+        return {"block": self.index, "block_position": self.position, "block_run": self.run}
+
+
 @dataclass
 class CellRow:
     """One measured repeat of one cell: its key, its measured columns (in repeats.csv order) and its requests."""
@@ -85,15 +98,17 @@ class CellRow:
     key: CellKey
     columns: dict
     records: list[dict]
+    block: Block = Block()
 
     def as_row(self) -> dict:
-        """The repeats.csv row: config, engine, the key, then the measured columns."""
-        return {"config": self.config, "engine": self.engine, **self.key.as_dict(), **self.columns}
+        """The repeats.csv row: config, engine, the key, the launch (block), then the measured columns."""
+        return {"config": self.config, "engine": self.engine, **self.key.as_dict(), **self.block.columns(),
+                **self.columns}
 
     def request_records(self) -> list[dict]:
-        """The requests, each tagged with the config and the cell's key (NaN is null in JSON lines)."""
+        """The requests, each tagged with the config, the cell's key and the block (NaN is null in JSON lines)."""
         keys = {k: None if v != v else v for k, v in self.key.as_dict().items()}
-        return [{**r, "config": self.config, **keys} for r in self.records]
+        return [{**r, "config": self.config, **keys, "block": self.block.index} for r in self.records]
 
 
 @dataclass
@@ -108,11 +123,13 @@ class JobPaths:
     servers_dir: Path = Path("results/.servers")  # launch records of running servers (lifecycle.preflight)
 
     @classmethod
-    def for_config(cls, results: Path, cfg: str, stamp: str | None = None) -> "JobPaths":
-        run = Path(results) / "runs" / cfg
+    def for_config(cls, results: Path, cfg: str, stamp: str | None = None, block: int | None = None) -> "JobPaths":
+        """The paths of one config's job: its run folder, or with ``block`` its launch folder of that block."""
+        run = Path(results) / "runs" / cfg if block is None else Path(results) / "blocks" / cfg / f"b{block}"
         stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
+        attempt = stamp if block is None else f"b{block}-{stamp}"
         return cls(run / "cells.csv", run / "repeats.csv", run / "requests.jsonl", run / "meta.json",
-                   run / "server.log", run / "telemetry.csv", Path(results) / "attempts" / cfg / stamp,
+                   run / "server.log", run / "telemetry.csv", Path(results) / "attempts" / cfg / attempt,
                    Path(results) / ".servers")
 
 
@@ -257,7 +274,8 @@ class CellServerDied(ServerStartError):
 
 
 async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, session: aiohttp.ClientSession,
-                   telemetry: Telemetry, source, key: CellKey, first: bool, slos: list[SLO] | tuple = ()) -> CellRow:
+                   telemetry: Telemetry, source, key: CellKey, first: bool, slos: list[SLO] | tuple = (),
+                   block: Block = Block()) -> CellRow:
     """One repeat of one cell from its prompt ``source``: the load plan (warm-up, window, arrivals), the load, its
     measured columns. ``first``: the job's first cell, which warms an engine that skipped its own warm-up.
 
@@ -284,7 +302,7 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
                     window=plan, prompt_source=source, arrivals=arrivals)
     records, columns = await measure_cell(server, engine, sc, session, spec, telemetry,
                                           f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}", slos)
-    row = CellRow(sc.name, sc.engine, key, columns, records)
+    row = CellRow(sc.name, sc.engine, key, columns, records, block)
     if not server.alive():
         raise CellServerDied(row, f"the server exited during {key.workload} ctx={key.ctx} {_shown(key)} repeat "
                                   f"{key.repeat} (exit code {server.proc.poll()}); last log lines:\n"
@@ -310,7 +328,7 @@ def _cell_line(row: CellRow) -> str:
 
 
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
-                     writer: CellWriter, slos: list[SLO] | tuple = ()) -> dict:
+                     writer: CellWriter, slos: list[SLO] | tuple = (), block: Block = Block()) -> dict:
     """Run every cell of the matrix ``matrix.repeats`` times against a ready server; returns the workloads' facts.
 
     Closed-loop cells (one per concurrency) come first, then open-loop cells (one per request rate). Repeats run in
@@ -336,7 +354,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                               math.nan if closed else level, rep)
                 try:
                     row = await run_cell(server, engine, sc, matrix, session, telemetry, source, key,
-                                         first=rep == 0 and k == 0, slos=slos)
+                                         first=rep == 0 and k == 0, slos=slos, block=block)
                 except CellServerDied as died:
                     # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
                     writer.add_requests(died.row.request_records())
@@ -349,12 +367,14 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
 
 
 def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths,
-               correctness_outputs: CorrectnessOutputs | None = None, host_warmup: dict | None = None) -> dict:
+               correctness_outputs: CorrectnessOutputs | None = None, host_warmup: dict | None = None,
+               block: Block = Block()) -> dict:
     """The whole job for one server config. Returns meta; raises after writing what was measured on failure.
 
     With ``correctness_outputs``, the coding eval and the lossless check's greedy completions follow the matrix
     while the server is still up. ``host_warmup``: what the host's warm-up launch of this engine took
-    (:func:`servesweep.warmup.warm_host`), kept in meta.json for the report.
+    (:func:`servesweep.warmup.warm_host`), kept in meta.json for the report. ``block``: which launch of the config
+    this is (every row and request carries it).
     """
     sc = ServerConfig.from_config(cfg_name, config)
     engine = get_engine(sc.engine)
@@ -372,13 +392,13 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
                                    on_wait=waiting)
     try:
         return _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine,
-                           matrix, world, gpus, lease, host_warmup)
+                           matrix, world, gpus, lease, host_warmup, block)
     finally:
         lease.release()
 
 
 def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine, matrix,
-                world, gpus, lease, host_warmup=None) -> dict:
+                world, gpus, lease, host_warmup=None, block: Block = Block()) -> dict:
     """``run_config`` once the host's resources for this config are held."""
     # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
     # before anything is measured beside it.
@@ -398,7 +418,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
         "labels": sc.labels, "options": sc.options, "host": socket.gethostname(), "platform": platform.platform(),
         "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "warnings": engine.config_warnings(sc),
         "matrix": config["matrix"], "request_rates": matrix.request_rates,
-        "slo": config.get("slo") or {}, "status": "running",
+        "slo": config.get("slo") or {}, "status": "running", **block.columns(),
     }
     meta["warnings"] += reaped
     meta["host_lease"] = {"locks": [p.name for p in lease.paths], "waited_s": lease.waited_s}
@@ -424,7 +444,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
             meta["first_cell_at"] = now()
             stage = "while measuring its matrix"
             meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer,
-                                                       slos_from_config(config)))
+                                                       slos_from_config(config), block))
             if correctness_outputs is not None:
                 stage = "in its correctness checks, after its whole matrix was measured"
                 meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"),

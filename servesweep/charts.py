@@ -69,12 +69,12 @@ def throughput_chart(cells: pd.DataFrame) -> alt.Chart:
 
 def speedup_heatmap(speedup: pd.DataFrame, baseline: str) -> alt.Chart:
     """Speedup over the baseline per prompt set × C, one panel per config; a cell is coloured only where the
-    speedup's interval clears the noise band (grey: no measurable difference)."""
+    sweep's rule called it faster or slower (grey: equivalent or inconclusive; the tooltip says which)."""
     data = speedup[["config", "ctx", "concurrency", "speedup"]].copy()
     data["prompts"] = prompts_label(speedup)
     verdict = speedup["verdict"] if "verdict" in speedup else pd.Series("not measurable", index=speedup.index)
     data["verdict"] = verdict
-    data["shown"] = data["speedup"].where(verdict.isin(["faster", "slower"]))
+    data["shown"] = data["speedup"].where(verdict.astype(str).str.startswith(("faster", "slower")))
     base = alt.Chart(data).encode(x=alt.X("concurrency:O", title="concurrency (C)"),
                                   y=alt.Y("prompts:N", title="prompts", sort=prompts_order(speedup)))
     rect = base.mark_rect().encode(
@@ -86,7 +86,7 @@ def speedup_heatmap(speedup: pd.DataFrame, baseline: str) -> alt.Chart:
     text = base.mark_text(fontSize=12).encode(text=alt.Text("speedup:Q", format=".2f"))
     return (alt.layer(rect, text, data=data).properties(width=180, height=120)
             .facet(column=alt.Column("config:N", title=None))
-            .properties(title=f"Speedup over {baseline} (grey: no measurable difference)"))
+            .properties(title=f"Speedup over {baseline} (grey: not called faster or slower)"))
 
 
 def _units(cells: pd.DataFrame) -> pd.DataFrame:

@@ -304,7 +304,7 @@ class Matrix:
     measure_per_concurrency: float = 2
     min_requests: int = 4
     max_window_s: float = 300
-    repeats: int = 3
+    repeats: int = 1
     temperature: float = 0.0
     flush_cache_between_cells: bool = False
     request_rates: list[float] = field(default_factory=list)

@@ -195,14 +195,14 @@ def blocks_to_decide(est: Estimate, rule: Rule, comparisons: int, most: int = 20
     level = rule.alpha / max(comparisons, 1)
     d = abs(est.log_ratio)
     e, bound = math.log1p(rule.min_effect), math.log1p(rule.margin)
-    for n in range(est.n + 1, most + 1):
-        se, df = est.sd / math.sqrt(n), n - 1
-        z_power = sps.t.ppf(rule.power, df)
-        if d - e >= (sps.t.ppf(1 - level / 2, df) + z_power) * se:
-            return n
-        if bound - d >= (sps.t.ppf(1 - level, df) + sps.t.ppf(1 - (1 - rule.power) / 2, df)) * se:
-            return n
-    return None
+    n = np.arange(est.n + 1, most + 1)
+    if not n.size:
+        return None
+    se, df = est.sd / np.sqrt(n), n - 1
+    differ = d - e >= (sps.t.ppf(1 - level / 2, df) + sps.t.ppf(rule.power, df)) * se
+    same = bound - d >= (sps.t.ppf(1 - level, df) + sps.t.ppf(1 - (1 - rule.power) / 2, df)) * se
+    hits = np.flatnonzero(differ | same)
+    return int(n[hits[0]]) if hits.size else None
 
 
 @dataclass(frozen=True)

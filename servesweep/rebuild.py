@@ -9,6 +9,7 @@ from pathlib import Path
 
 from servesweep.aggregate import build_tables_in, closed_loop
 from servesweep.correctness.table import write_correctness_tables
+from servesweep.decide import Rule
 from servesweep.report import FindingsInputs, write_findings
 from servesweep.slo import slos_from_config
 
@@ -21,7 +22,7 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = [Path(r) for r in run_dirs]
-    tables = build_tables_in(runs, baseline, out, config["cost"])
+    tables = build_tables_in(runs, baseline, out, config["cost"], Rule.from_config(config.get("decision")))
     write_correctness_tables([r / "coding_eval.json" for r in runs], [r / "greedy.jsonl" for r in runs],
                              [r / "meta.json" for r in runs], baseline, out / "correctness.csv",
                              out / "correctness.md")

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from servesweep import compare, decide
+from servesweep import report_decisions as rd
 from servesweep import stats as stats_mod
-from servesweep.aggregate import HOST_BUSY, HOST_BUSY_PCT, band_for, clean_repeats, interval_text, with_unit_columns
+from servesweep.aggregate import HOST_BUSY_PCT, interval_text, with_unit_columns
 from servesweep.charts import CHART_FILES, ENERGY_DIR, ENERGY_FILE, has_gpu_energy
 from servesweep.correctness.lossless import NEAR_TIE_NATS
 from servesweep.correctness.sandbox import UNSANDBOXED
@@ -32,11 +34,6 @@ def _fmt(x, spec=".1f") -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _band(noise, workload: str) -> float:
-    """The noise band for a cell of ``workload``: ``noise`` is the noise dict (per-workload bands) or one number."""
-    return band_for(noise, workload) if isinstance(noise, dict) else noise
-
-
 def _pct(band: float) -> str:
     return "–" if band is None or (isinstance(band, float) and math.isnan(band)) else f"{100 * band:.1f} %"
 
@@ -50,40 +47,6 @@ def server_bound(cells: pd.DataFrame) -> pd.DataFrame:
 
 def _keys(df: pd.DataFrame) -> list[str]:
     return [k for k in ("workload", "ctx", "concurrency") if k in df]
-
-
-def best_per_cell(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=math.nan) -> pd.DataFrame:
-    """The fastest config per cell, and whether it is measurably faster than the runner-up.
-
-    ``margin`` is the leader's throughput over the runner-up's with its Fieller interval over their repeats;
-    ``verdict`` is ``faster`` only when that interval clears 1 + the noise band, else the two are a tie.
-    """
-    cells = server_bound(cells)
-    rows = []
-    for key, g in cells.groupby(_keys(cells)):
-        g = g.sort_values("agg_output_tok_s", ascending=False)
-        lead = g.iloc[0]
-        row = dict(zip(_keys(cells), key if isinstance(key, tuple) else (key,)))
-        row.update(config=lead["config"], agg_output_tok_s=lead["agg_output_tok_s"], runner_up=None,
-                   margin=math.nan, margin_lo=math.nan, margin_hi=math.nan, verdict="only config")
-        if len(g) > 1:
-            second = g.iloc[1]
-            row.update(runner_up=second["config"], margin=lead["agg_output_tok_s"] / second["agg_output_tok_s"])
-            if repeats is not None and not repeats.empty:
-                sel = [(repeats[k] == row[k]) for k in _keys(cells)]
-                mask = sel[0]
-                for m in sel[1:]:
-                    mask &= m
-                here = repeats[mask]
-                a = here[here["config"] == lead["config"]]["agg_output_tok_s"].tolist()
-                b = here[here["config"] == second["config"]]["agg_output_tok_s"].tolist()
-                ratio, lo, hi = stats_mod.ratio_ci95(a, b)
-                row.update(margin_lo=lo, margin_hi=hi,
-                           verdict=stats_mod.verdict(lo, hi, _band(band, row.get("workload", "synthetic"))))
-            else:
-                row["verdict"] = "not measurable"
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def prompt_sets(cells: pd.DataFrame):
@@ -103,15 +66,28 @@ def _point(r) -> str:
     return ", ".join(parts) or "its only load point"
 
 
-def _repeats_of(repeats: pd.DataFrame | None, r) -> list[float]:
-    """The quiet repeats' output tok/s per GPU of the cell of row ``r``."""
+def _rows_of(repeats: pd.DataFrame | None, r) -> pd.DataFrame:
+    """The repeats of the cell of row ``r`` (its config, prompts and load)."""
     if repeats is None or repeats.empty:
-        return []
-    sel = clean_repeats(repeats)
+        return pd.DataFrame(columns=["agg_output_tok_s"])
+    sel = repeats
     for key in ("config", "workload", "ctx", "concurrency", "request_rate"):
         if key in sel and key in r and pd.notna(r[key]):
             sel = sel[sel[key] == r[key]]
-    return [float(x) / r["gpus"] for x in sel["agg_output_tok_s"].dropna()]
+    return sel
+
+
+def margin_estimate(repeats: pd.DataFrame | None, best: dict, second: dict) -> decide.Estimate:
+    """The best pick's output tok/s per GPU over the runner-up's, from their launches (paired over blocks where
+    both ran in the same blocks of one run; ``compare.estimate``): the throughput ratio times the runner-up's GPUs
+    over the pick's."""
+    est = compare.estimate(_rows_of(repeats, second), _rows_of(repeats, best), "agg_output_tok_s")
+    scale = float(second["gpus"]) / float(best["gpus"])
+    if scale == 1 or not math.isfinite(est.ratio):
+        return est
+    shift = math.log(scale)
+    return decide.Estimate(est.ratio * scale, est.lo * scale, est.hi * scale, est.log_ratio + shift, est.se,
+                           est.df, est.n, est.design, est.sd)
 
 
 def slo_miss(slo: SLO, r) -> tuple[float, str]:
@@ -129,23 +105,22 @@ def slo_miss(slo: SLO, r) -> tuple[float, str]:
     return worst, "; ".join(parts)
 
 
-def slo_choice(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slo: SLO) -> dict:
+def slo_choice(cells: pd.DataFrame, repeats: pd.DataFrame | None, slo: SLO) -> dict:
     """For one prompt set's cells (with ``with_unit_columns``): the best config × cell meeting ``slo`` — the highest
     output tok/s per GPU among the server-bound cells that ``slo.cell_meets`` — and the runner-up, the best
-    meeting cell of another config, with the margin (best / runner-up per GPU), its Fieller 95 % interval over the
-    quiet repeats and the verdict against the noise band. With no cell meeting it: the closest cell and its miss.
+    meeting cell of another config, with the margin (best / runner-up per GPU) as an estimate over their launches
+    (``margin_estimate``), decided later with the first screen's other margins. With no cell meeting it: the
+    closest cell and its miss.
 
-    Returns {"best": row | None, "runner_up": row | None, "margin", "lo", "hi", "verdict", "band",
+    Returns {"best": row | None, "runner_up": row | None, "estimate", "margin", "lo", "hi", "verdict",
     "closest": row | None, "miss": words}.
     """
     limited = cells.drop(server_bound(cells).index)
     cells = server_bound(cells)
     meets = [slo.cell_meets(r) for r in cells.to_dict("records")]
     met = cells[[m is True for m in meets]].sort_values("output_tok_s_per_gpu", ascending=False, kind="stable")
-    workload = cells["workload"].iloc[0] if "workload" in cells and len(cells) else "synthetic"
-    out = {"best": None, "runner_up": None, "margin": math.nan, "lo": math.nan, "hi": math.nan,
-           "verdict": "only config", "band": _band(noise, workload), "closest": None, "miss": "",
-           "client_bound_above": []}
+    out = {"best": None, "runner_up": None, "estimate": None, "margin": math.nan, "lo": math.nan, "hi": math.nan,
+           "verdict": "only config", "closest": None, "miss": "", "client_bound_above": []}
     # A client-bound cell's throughput is what the client managed, a lower bound of the server's: one that meets
     # the target above the pick means the sweep cannot name the best config for it.
     floor = met["output_tok_s_per_gpu"].max() if not met.empty else -math.inf
@@ -164,11 +139,17 @@ def slo_choice(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slo: SL
     if others.empty:
         return out
     second = others.iloc[0].to_dict()
-    ratio, lo, hi = stats_mod.ratio_ci95(_repeats_of(repeats, best), _repeats_of(repeats, second))
-    if math.isnan(ratio):
-        ratio = best["output_tok_s_per_gpu"] / second["output_tok_s_per_gpu"]
-    out.update(runner_up=second, margin=ratio, lo=lo, hi=hi, verdict=stats_mod.verdict(lo, hi, out["band"]))
+    est = margin_estimate(repeats, best, second)
+    ratio = est.ratio if math.isfinite(est.ratio) else best["output_tok_s_per_gpu"] / second["output_tok_s_per_gpu"]
+    out.update(runner_up=second, estimate=est, margin=ratio, lo=est.lo, hi=est.hi, verdict=decide.NOT_MEASURABLE)
     return out
+
+
+def decide_margins(choices: list[dict], rule: decide.Rule) -> None:
+    """Verdicts for the first screen's pick-over-runner-up margins, as one family (Benjamini–Hochberg over them)."""
+    with_margin = [c for c in choices if c.get("estimate") is not None]
+    for c, d in zip(with_margin, decide.decide([c["estimate"] for c in with_margin], rule)):
+        c["verdict"], c["blocks_to_decide"], c["family_size"] = d.verdict, d.blocks_to_decide, len(with_margin)
 
 
 def _money(x: float, currency: str) -> str:
@@ -234,13 +215,13 @@ def _choice_lines(label: str, choice: dict, cost: dict) -> list[str]:
                                             if pd.notna(choice["lo"]) else "")
     against = (f"Runner-up `{second['config']}` at {_point(second)} "
                f"({_fmt(second['output_tok_s_per_gpu'], '.0f')} tok/s per {unit}): {margin} per {unit}")
-    if choice["verdict"] == "faster":
-        verdict = f"measurably ahead (the interval clears the noise band ±{_pct(choice['band'])})"
-    elif choice["verdict"] == "not measurable":
-        verdict = ("not a finding: fewer than two quiet repeats give no interval" if pd.isna(choice["lo"])
-                   else "not a finding: the sweep measured no noise band")
+    if choice["verdict"] == decide.NOT_MEASURABLE:
+        verdict = "not a finding: fewer than two quiet launches (or rounds) give no interval"
     else:
-        verdict = f"no measurable difference (noise band ±{_pct(choice['band'])})"
+        design = choice["estimate"].design if choice.get("estimate") is not None else ""
+        verdict = (f"{rd.verdict_words(choice['verdict'], choice.get('blocks_to_decide'))} "
+                   f"({compare.design_words(design, choice['estimate'].n)}; one of the first screen's "
+                   f"{choice.get('family_size', 1)} margins, decided together)")
     return [line + f" {against} — {verdict}."]
 
 
@@ -271,33 +252,39 @@ def lossless_failures(table: pd.DataFrame | None) -> dict[str, str]:
             for r in rows.itertuples()}
 
 
-def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos: list[SLO],
-                 cost: dict | None, random_weight_speculative: set[str] | None = None,
+def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.DataFrame, design: dict,
+                 baseline: str, slos: list[SLO], cost: dict | None, rule: decide.Rule | None = None,
+                 random_weight_speculative: set[str] | None = None,
                  not_lossless: dict[str, str] | None = None) -> list[str]:
-    """The report's opening: per service-level target and prompt set, the best config × cell meeting it and its
-    runner-up (``slo_choice``), then the frontier chart. ``random_weight_speculative``: speculative configs that
-    served random weights, warned about where a pick or runner-up is one of them."""
+    """The report's opening, answers first: interactive and batch per prompt set (``report_decisions.answers``),
+    the picks per service-level target with their runner-up margins (``slo_choice``), the sweep's resolution and
+    flags, then the frontier chart. ``random_weight_speculative``: speculative configs that served random weights,
+    warned about where a pick or runner-up is one of them."""
     cost = cost or {}
+    rule = rule or decide.Rule()
     cells = with_unit_columns(cells, cost)
-    lines = ["## Summary", ""]
-    if not slos:
-        lines += ["No service-level targets in the config's `slo:` section: no config is picked.", ""]
-    else:
-        lines += ["Per service-level target and prompt set: the config and concurrency that meet the target (its "
-                  "latency percentiles, mean over the repeats, within every limit) with the highest output tok/s "
-                  "per GPU (mean ± 95 % half-width over the repeats; per host for a CPU engine). The margin is over "
-                  "the best cell of another config that meets it, with its 95 % Fieller interval over the repeats. "
-                  "Client-bound cells are left out of the pick (the client, not the server, set their pace), and "
-                  "named where one met the target above it: its throughput is a lower bound.", ""]
-    named = set()
+    lines = ["## Summary", ""] + rd.answers(cells, speedup, baseline)
+    choices = []
     for slo in slos:
-        lines += [f"**{slo.describe()}**", ""]
         for label, g in prompt_sets(cells):
-            choice = slo_choice(g, repeats, noise, slo)
+            choices.append((slo, label, slo_choice(g, repeats, slo)))
+    decide_margins([c for _, _, c in choices], rule)
+    named = set()
+    if not slos:
+        lines += ["**Per SLO** — no service-level targets in the config's `slo:` section: no config is picked.", ""]
+    for slo in slos:
+        lines += [f"**Per SLO: {slo.describe()}** — the config and concurrency meeting it (latency percentiles, mean "
+                  "over launches, within every limit) with the most output tok/s per GPU (± 95 % half-width; per "
+                  "host for a CPU engine); client-bound cells are left out and named where one met it above the "
+                  "pick.", ""]
+        for s_, label, choice in choices:
+            if s_ is not slo:
+                continue
             named |= {c["config"] for c in (choice["best"], choice["runner_up"]) if c is not None}
             lines += choice_lines(label, choice, cost)
         lines.append("")
-    notes = []
+    lines += rd.resolution(speedup, design)
+    lines += rd.flags(design, speedup)
     drafting = random_weight_drafting_note(cells, (random_weight_speculative or set()) & named)
     if drafting:
         lines += [drafting, ""]
@@ -314,6 +301,7 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos:
                   + "; ".join(f"the first round of repeats was the {word} in {hits} of {n} cells (p = {p:.2g})"
                               for word, hits, n, p, _ in drift)
                   + ". The intervals and margins above hold that change as well as the cells' noise (Anomalies).", ""]
+    notes = []
     if not cost.get("gpu_hour") and not cost.get("kwh"):
         notes.append("No prices in the config's `cost:` section: cost per million tokens is not computed.")
     if not has_gpu_energy(cells):
@@ -325,59 +313,6 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, noise, slos:
               f"([SVG]({CHART_FILES['frontier']}.svg)) — each line one config through its concurrencies; circled: "
               "the Pareto frontier (points no other point beats on both axes, docs/report.md).", ""]
     return lines
-
-
-def speedup_findings(speedup: pd.DataFrame, noise: dict, baseline: str,
-                     random_weight_speculative: set[str] = frozenset()) -> list[str]:
-    """Per config and workload/prompt length: where it is measurably faster or slower than the baseline, with
-    every cell's speedup and interval; replicates of a config are reported as the A/A check they are. Speculative
-    configs on random weights are marked: their acceptance is not a real model's."""
-    lines = []
-    for cfg, grp in speedup.groupby("config"):
-        for key, g in grp.sort_values("concurrency").groupby(["workload", "ctx"]):
-            workload, ctx = key
-            band = _band(noise, workload)
-            where = f"at {ctx} prompt tokens" if workload == "synthetic" else f"on {workload} prompts"
-            series = "; ".join(
-                f"C={int(r.concurrency)}: {r.speedup:.2f}× "
-                + (f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if pd.notna(r.speedup_lo) else "(no interval)")
-                for r in g.itertuples())
-            caveat = (" Speculative on random weights: these speedups rest on drafts random weights make easy, not on "
-                      "a real model's acceptance." if cfg in random_weight_speculative else "")
-            lines.append(f"- `{cfg}` {where} {significance_words(g, band)} ({series}).{caveat}")
-    return lines
-
-
-def significance_words(g: pd.DataFrame, band: float) -> str:
-    """Words for one config's verdicts over a concurrency series (``verdict`` column)."""
-    conc = [int(c) for c in g["concurrency"]]
-    verdicts = list(g["verdict"])
-    busy = [c for c, v in zip(conc, verdicts) if v == HOST_BUSY]
-    if busy:
-        verdicts = ["no measurable difference" if v == HOST_BUSY else v for v in verdicts]
-    if any(v.startswith("failed measurement") for v in verdicts):
-        return "is a **failed measurement**: it asked for speculative decoding but its engine counted no drafts"
-    if all(v == "not measurable" for v in verdicts):
-        return "cannot be compared: one repeat gives no interval"
-    if busy and len(busy) == len(conc):
-        return "cannot be compared: other processes kept the host busy during these cells"
-    faster = [c for c, v in zip(conc, verdicts) if v == "faster"]
-    slower = [c for c, v in zip(conc, verdicts) if v == "slower"]
-    if not faster and not slower and not busy:
-        return f"shows no measurable difference from the baseline at any concurrency (noise band ±{_pct(band)})"
-    parts = []
-    if faster:
-        parts.append("pays at every concurrency measured" if len(faster) == len(conc)
-                     else "pays at C=" + ", ".join(map(str, faster)))
-    if slower:
-        parts.append("is slower at every concurrency measured" if len(slower) == len(conc)
-                     else "is slower at C=" + ", ".join(map(str, slower)))
-    rest = [c for c in conc if c not in faster and c not in slower and c not in busy]
-    if rest:
-        parts.append("no measurable difference at C=" + ", ".join(map(str, rest)))
-    if busy:
-        parts.append("not compared at C=" + ", ".join(map(str, busy)) + " (host busy with other processes)")
-    return "; ".join(parts) + f" (noise band ±{_pct(band)})"
 
 
 def speculation_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
@@ -399,73 +334,13 @@ def speculation_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
     return lines
 
 
-def replicate_findings(noise: dict) -> list[str]:
-    """The A/A check: what each identical copy showed against its original."""
-    if noise.get("source") != "replicate":
-        return []
-    lines = []
-    for copy, original in sorted((noise.get("replicates") or {}).items()):
-        cells = [c for c in noise["cells"] if c["config"] == copy]
-        worst = max(cells, key=lambda c: c["band"]) if cells else None
-        if worst is None:
-            continue
-        how = "is launched exactly like"  # a replicate_of copy, or a config defined the same way
-        lines.append(f"- `{copy}` {how} `{original}` (A/A check): throughput ratios "
-                     + ", ".join(f"{c['ratio']:.3f}" for c in cells)
-                     + f" over {len(cells)} cells; the farthest from 1, interval included, is ±{_pct(worst['band'])} "
-                     f"(ctx={worst['ctx']} C={worst['concurrency']}, {worst['workload']}). That is the sweep's "
-                     "noise band: no difference smaller than it is called.")
-    return lines
-
-
-def noise_paragraph(noise: dict, workloads=()) -> list[str]:
-    """How the noise band was measured; ``workloads``: those the cells ran, to name any judged by a band borrowed
-    from another workload (no measurement of their own)."""
-    source = noise.get("source")
-    per = noise.get("by_workload") or {}
-    each = (" (" + ", ".join(f"{w} ±{_pct(b)}" for w, b in sorted(per.items())) + ")") if len(per) > 1 else ""
-    if source == "replicate":
-        text = (f"Noise band ±{_pct(noise['band'])}{each}, measured by the sweep's replicate config(s): how far an "
-                "identical copy of a config, launched as its own job, came out from the original.")
-    elif source == "baseline repeats":
-        text = (f"Noise band ±{_pct(noise['band'])}{each}, from the baseline's own repeats (largest relative range over "
-                "its cells). It does not include launch-to-launch variation; add a replicate config "
-                "(`<name>: {replicate_of: <baseline>}`) to measure that.")
-    else:
-        text = ("No noise band: " + noise.get("why", "not measured") + ". Set `matrix.repeats` to 3 or more.")
-    borrowed = sorted(set(workloads) - set(per)) if per and source in ("replicate", "baseline repeats") else []
-    if borrowed:
-        text += (f" {', '.join(f'`{w}`' for w in borrowed)} had no such measurement (the "
-                 f"{'replicates' if source == 'replicate' else 'baseline'} did not run "
-                 f"{'it' if len(borrowed) == 1 else 'them'}): {'its' if len(borrowed) == 1 else 'their'} cells are "
-                 f"judged against the sweep's band, ±{_pct(noise['band'])}, measured on other prompts.")
-    return [text + " A config is called faster or slower only where the 95 % interval of its speedup lies "
-            "entirely beyond 1 ± the band of its workload; otherwise the report says there is no measurable difference.", ""]
-
-
-def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=math.nan) -> list[str]:
+def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, rule: decide.Rule | None = None,
+              metas: list[dict] | None = None) -> list[str]:
     out = []
     for r in cells[cells.get("errors", 0) > 0].itertuples():
         out.append(f"- `{r.config}` {cell_label(r)}: {int(r.errors)} of {int(r.requests)} requests in the measured "
                    "windows failed (see requests.jsonl).")
-    keys = [k for k in ("workload", "ctx") if k in cells]
-    for key, g in cells.sort_values("concurrency").groupby(["config", *keys]):
-        cfg = key[0]
-        prev = None
-        for r in g.itertuples():
-            if prev is not None and r.agg_output_tok_s < prev.agg_output_tok_s and repeats is not None:
-                sel = repeats[(repeats["config"] == cfg) & (repeats["workload"] == getattr(r, "workload", "synthetic"))
-                              & (repeats["ctx"] == r.ctx)]
-                now_ = sel[sel["concurrency"] == r.concurrency]["agg_output_tok_s"].tolist()
-                before = sel[sel["concurrency"] == prev.concurrency]["agg_output_tok_s"].tolist()
-                ratio, lo, hi = stats_mod.ratio_ci95(now_, before)
-                if stats_mod.verdict(lo, hi, _band(band, getattr(r, "workload", "synthetic"))) == "slower":
-                    out.append(f"- `{cfg}` {cell_label(prev).rsplit(' C=', 1)[0]}: throughput falls from "
-                               f"{prev.agg_output_tok_s:.1f} tok/s at C={prev.concurrency} to "
-                               f"{r.agg_output_tok_s:.1f} at C={r.concurrency} ({ratio:.2f}× [{lo:.2f}, {hi:.2f}], "
-                               "beyond the noise band): more concurrency lowers throughput here; the cause is not "
-                               "measured by these columns.")
-            prev = r
+    out += rd.concurrency_drops(cells, repeats, rule)
     if "client_bound" in cells:
         for r in cells[cells["client_bound"].fillna(False).astype(bool)].itertuples():
             lag = getattr(r, "loop_lag_p99_ms_max", math.nan)
@@ -487,6 +362,7 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, band=mat
                        f"{HOST_BUSY_PCT:.0f} %): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
                        "two quiet repeats is not compared at all.")
     out += repeat_order_findings(repeats)
+    out += rd.order_effect(repeats, metas or [])
     if "window_capped" in cells:
         for r in cells[cells["window_capped"].fillna(False).astype(bool)].itertuples():
             out.append(f"- `{r.config}` {cell_label(r)}: the measured window reached `matrix.measure.max_seconds` "
@@ -919,7 +795,7 @@ class FindingsInputs:
 
     cells: Path
     repeats: Path  # read where it exists: runs recorded before repeats were kept have none
-    noise: Path | None  # None: no noise band, so no difference is called
+    noise: Path | None  # noise.json: the sweep's design, rule, resolution and replicate check (None: unknown)
     throughput_md: Path
     speedup: Path
     speedup_md: Path
@@ -945,7 +821,8 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     cells = pd.read_csv(inputs.cells)
     speedup = pd.read_csv(inputs.speedup)
     repeats = pd.read_csv(inputs.repeats) if inputs.repeats.exists() else None
-    noise = json.loads(inputs.noise.read_text()) if inputs.noise else {"band": math.nan}
+    design = json.loads(inputs.noise.read_text()) if inputs.noise else {}
+    rule = decide.Rule.from_config(design.get("rule"))
     metas = [json.loads(p.read_text()) for p in sorted(inputs.metas)]
     for m in metas:
         m["speculative"] = bool((m.get("labels") or {}).get("speculative") not in (None, "none"))
@@ -957,8 +834,8 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
 
     random_spec = {m["config"] for m in metas if m.get("load_format") == "dummy" and m["speculative"]}
     correctness = pd.read_csv(inputs.correctness) if inputs.correctness and inputs.correctness.exists() else None
-    lines = ["# Findings", ""] + first_screen(cells, repeats, noise, slos or [], cost, random_spec,
-                                              lossless_failures(correctness))
+    lines = ["# Findings", ""] + first_screen(cells, repeats, speedup, design, baseline, slos or [], cost, rule,
+                                              random_spec, lossless_failures(correctness))
     cpu = metas[0].get("cpu_model") if metas else None
     cores = metas[0].get("cpu_count") if metas else None
     cpu_text = (f" (CPU: {cpu}, {cores} cores — host-bound cells depend on it)" if cpu
@@ -969,43 +846,20 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     lines += startup_section(metas)
     lines += workloads_section(metas, cells)
 
-    lines += ["## Findings", ""] + noise_paragraph(noise, set(cells["workload"]) if "workload" in cells else ())
-    best = best_per_cell(cells, repeats, noise)
-    lines.append("Best configuration per cell (output tok/s over the measured window, mean of the repeats; the "
-                 "margin is the leader over the runner-up with its 95 % interval):")
-    lines.append("")
-    for r in best.itertuples():
-        where = cell_label(r)
-        if not isinstance(r.runner_up, str):
-            lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s), the only config measured.")
-        elif r.verdict == "faster":
-            caveat = (" (speculative on random weights: not a real model's acceptance)"
-                      if r.config in random_spec or r.runner_up in random_spec else "")
-            lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s), {r.margin:.2f}× "
-                         f"[{r.margin_lo:.2f}, {r.margin_hi:.2f}] over `{r.runner_up}` — measurably ahead{caveat}.")
-        elif r.verdict == "not measurable":
-            lines.append(f"- {where}: `{r.config}` ({r.agg_output_tok_s:.1f} tok/s) ahead of `{r.runner_up}` by "
-                         f"{r.margin:.2f}×, but one repeat gives no interval: not a finding.")
-        else:
-            lines.append(f"- {where}: no measurable winner — `{r.config}` ({r.agg_output_tok_s:.1f} tok/s) and "
-                         f"`{r.runner_up}` are {r.margin:.2f}× [{_fmt(r.margin_lo, '.2f')}, {_fmt(r.margin_hi, '.2f')}] "
-                         "apart, within the noise.")
-    spec = speedup_findings(speedup, noise, baseline, random_spec)
-    if spec:
-        lines += ["", f"Against the baseline `{baseline}` at matched cells (speedup of output tok/s, [95 % Fieller "
-                  "interval over the repeats]):", ""] + spec
+    lines += rd.how_to_read(design)
+    lines += ["## Findings", "", f"Against the baseline `{baseline}` at matched cells (output tok/s, ratio [95 % "
+              "interval], verdict of the sweep's rule):", ""] + rd.config_findings(speedup, baseline, random_spec)
+    lines += ["", "Every config per cell, by output tok/s (mean over launches; the verdict is against the "
+              "baseline):", ""] + rd.ranking(cells, speedup, baseline)
     spec_lines = speculation_findings(cells, metas)
     if spec_lines:
         lines += ["", "Did speculative decoding run (the engine's draft counters over the measured windows)?", ""]
         lines += spec_lines
-    aa = replicate_findings(noise)
-    if aa:
-        lines += ["", "A/A check:", ""] + aa
-    lines.append("")
+    lines += [""] + rd.replicate_section(design)
     eng = engine_metric_findings(cells, metas)
     if eng:
         lines += ["Engine metrics per cell (over each measured window):", ""] + eng + [""]
-    anomaly = anomalies(cells, repeats, noise)
+    anomaly = anomalies(cells, repeats, rule, metas)
     lines += ["Anomalies:", ""] + (anomaly or ["- none found (no errors, no measurable throughput drop as "
                                                "concurrency rises, client never the bottleneck)."]) + [""]
     warnings = [f"- `{m['config']}`: {w}" for m in metas for w in m.get("warnings") or []]

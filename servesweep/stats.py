@@ -305,24 +305,6 @@ def combine_repeats(rows: list[dict], keys: Iterable[str], count_columns: Iterab
     return out
 
 
-def relative_band(lo: float, hi: float, ratio: float) -> float:
-    """How far from 1 a ratio and its interval reach, as a fraction (the A/A noise of one cell)."""
-    reach = [abs(x - 1.0) for x in (lo, hi, ratio) if x is not None and math.isfinite(x)]
-    return max(reach) if reach else math.nan
-
-
-def verdict(lo: float, hi: float, band: float) -> str:
-    """``faster`` / ``slower`` only when the ratio's whole 95 % interval lies beyond 1 ± the noise band;
-    ``no measurable difference`` otherwise; ``not measurable`` without an interval or a band (one repeat)."""
-    if any(x is None or math.isnan(x) for x in (lo, hi, band)):
-        return "not measurable"
-    if lo > 1.0 + band:
-        return "faster"
-    if hi < 1.0 - band:
-        return "slower"
-    return "no measurable difference"
-
-
 def first_round_extremes(repeats, column: str = "agg_output_tok_s", keys: Iterable[str] | None = None):
     """Whether the repeats' order mattered: per cell with at least three repeats, is the first round's value strictly
     the lowest (or strictly the highest) of the cell's? Were the order irrelevant, each happens with probability

@@ -55,6 +55,11 @@ class CorrectnessOutputs:
     coding_eval_json: Path
     greedy_jsonl: Path
 
+    def skipped(self, config: str, reason: str) -> None:
+        """Write both outputs of a check that did not run, saying why."""
+        self.coding_eval_json.write_text(json.dumps({"config": config, "skipped": reason}, indent=2) + "\n")
+        self.greedy_jsonl.write_text("")
+
 
 def skip_reason(sc, settings: CorrectnessSettings) -> str | None:
     """Why this config gets no coding eval and no lossless check, or None."""
@@ -125,8 +130,7 @@ def run_correctness(server, engine, sc, correctness_cfg: dict | None, outputs: C
     reason = skip_reason(sc, settings)
     if reason:
         log.info("[%s] correctness checks skipped: %s", sc.name, reason)
-        outputs.coding_eval_json.write_text(json.dumps({"config": sc.name, "skipped": reason}, indent=2) + "\n")
-        outputs.greedy_jsonl.write_text("")
+        outputs.skipped(sc.name, reason)
         return {"skipped": reason}
     problems = humaneval.select_problems(settings.problems if isinstance(settings.problems, int)
                                          else list(settings.problems))

@@ -1,0 +1,127 @@
+"""A config's launches (blocks) gathered into its run folder (``results/runs/{cfg}/``).
+
+Each block's bench job writes its own folder (``results/blocks/{cfg}/b{block}/``). The run folder holds every round
+of every launch (``repeats.csv``, each row with its ``block``), and cells combined **over launches**: a cell's value
+is the mean of its launch means, and its interval is over the launches — so launch-to-launch variation is inside it
+(docs/measurement.md, "Blocks").
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from servesweep import stats as stats_mod
+from servesweep.bench import _row_cell_id, write_csv
+
+
+@dataclass(frozen=True)
+class LaunchFiles:
+    """The files one launch (block) of a config wrote."""
+
+    cells: Path
+    repeats: Path
+    requests: Path
+    meta: Path
+    server_log: Path
+    telemetry: Path
+    coding_eval: Path
+    greedy: Path
+
+    @classmethod
+    def in_dir(cls, folder: Path) -> "LaunchFiles":
+        folder = Path(folder)
+        return cls(*(folder / n for n in ("cells.csv", "repeats.csv", "requests.jsonl", "meta.json", "server.log",
+                                           "telemetry.csv", "coding_eval.json", "greedy.jsonl")))
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists() or not path.stat().st_size:
+        return []
+    df = pd.read_csv(path)
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in df.to_dict("records")]
+
+
+def _numeric(rows: list[dict]) -> list[dict]:
+    """CSV rows with empty cells as NaN, as the bench job wrote them (combine_cell skips None, averages NaN-free)."""
+    return [{k: (math.nan if v is None else v) for k, v in r.items()} for r in rows]
+
+
+def cells_over_blocks(repeats: list[dict]) -> list[dict]:
+    """Per cell: each launch's rounds combined into its launch mean, then the launch means combined (mean and 95 %
+    interval over launches). ``repeats`` counts the launches, ``rounds`` the rounds behind them."""
+    by_cell: dict[str, dict[int, list[dict]]] = {}
+    for r in repeats:
+        cell = _row_cell_id(r)
+        by_cell.setdefault(cell, {}).setdefault(int(r.get("block") or 0), []).append(r)
+    out = []
+    for cell, launches in by_cell.items():
+        means = []
+        for block, rounds in sorted(launches.items()):
+            mean = stats_mod.combine_cell(rounds)
+            mean["block"] = block
+            means.append(mean)
+        row = stats_mod.combine_cell(means) if len(means) > 1 else dict(means[0])
+        every = [r for rounds in launches.values() for r in rounds]
+        row.pop("block", None)
+        row["repeats"] = len(means)
+        row["rounds"] = len(every)
+        row["repeats_host_busy"] = sum(stats_mod.host_busy(r) for r in every)
+        row["client_bound_repeats"] = sum(bool(r.get("client_bound")) for r in every)
+        row["client_bound"] = any(bool(r.get("client_bound")) for r in every)
+        lags = [r["loop_lag_p99_ms"] for r in every if isinstance(r.get("loop_lag_p99_ms"), (int, float))]
+        row["loop_lag_p99_ms_max"] = max(lags) if lags else math.nan
+        out.append(row)
+    return out
+
+
+def launch_summary(meta: dict) -> dict:
+    """What the run folder's meta.json keeps of each launch."""
+    keys = ("block", "block_position", "block_run", "status", "start_time", "ready_s", "first_cell_at", "stop_time",
+            "cells_measured", "port", "warnings", "startup_cache_growth_bytes", "host_lease")
+    return {k: meta.get(k) for k in keys if k in meta}
+
+
+def collect(launches: list[LaunchFiles], out: LaunchFiles) -> dict:
+    """Write a config's run folder ``out`` from its launches (block 0 first). Returns the run folder's meta."""
+    metas = [json.loads(f.meta.read_text()) for f in launches]
+    order = sorted(range(len(launches)), key=lambda i: metas[i].get("block", i))
+    launches, metas = [launches[i] for i in order], [metas[i] for i in order]
+    repeats = [r for f in launches for r in _numeric(_rows(f.repeats))]
+    write_csv(out.repeats, repeats)
+    write_csv(out.cells, cells_over_blocks(repeats))
+    with open(out.requests, "w") as dst:
+        for f in launches:
+            with open(f.requests) as src:
+                shutil.copyfileobj(src, dst)
+    with open(out.server_log, "w") as dst:
+        for f, meta in zip(launches, metas):
+            dst.write(f"==== servesweep: block {meta.get('block', 0)}, server started at {meta.get('start_time')} ====\n")
+            dst.write(f.server_log.read_text(errors="replace"))
+    frames = []
+    for f, meta in zip(launches, metas):
+        if f.telemetry.exists() and f.telemetry.stat().st_size:
+            frame = pd.read_csv(f.telemetry)
+            frame.insert(0, "block", meta.get("block", 0))
+            frames.append(frame)
+    if frames:
+        pd.concat(frames, ignore_index=True).to_csv(out.telemetry, index=False)
+    else:
+        out.telemetry.write_text("")
+    shutil.copyfile(launches[0].coding_eval, out.coding_eval)
+    shutil.copyfile(launches[0].greedy, out.greedy)
+    for name in ("metrics-start.prom", "metrics-end.prom"):
+        src = launches[0].meta.parent / name
+        if src.exists():
+            shutil.copyfile(src, out.meta.parent / name)
+    meta = dict(metas[0])
+    meta["blocks"] = [launch_summary(m) for m in metas]
+    meta["cells_measured"] = len({_row_cell_id(r) for r in repeats})
+    meta["warnings"] = list(dict.fromkeys(w for m in metas for w in m.get("warnings") or []))
+    out.meta.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return meta

@@ -1,0 +1,92 @@
+"""Comparisons between configs at one cell, from their repeats: the design each comparison could use (paired
+blocks, unpaired launches, or rounds of one launch each) and its estimate (``servesweep.decide``).
+
+A repeat row carries its ``block`` (which launch of the config) and ``block_run`` (the pipeline run it was measured
+in; rows recorded before blocks have neither: all their rounds are one launch). A config's value in a block is the
+mean of that launch's quiet rounds. Two configs' launches of one block are paired when the block was measured in
+the same run for both; a config re-measured alone (its entry edited, or a failed block retried) has blocks paired
+with nothing, and is compared unpaired over its launches — the report names that design.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import pandas as pd
+
+from servesweep import decide
+from servesweep import stats as stats_mod
+
+CELL_KEYS = ["workload", "ctx", "load", "concurrency", "request_rate"]
+
+
+def quiet(repeats: pd.DataFrame) -> pd.DataFrame:
+    """The rounds not measured beside a busy neighbour (all of them where the host's load was not recorded)."""
+    if "host_other_cpu_pct" not in repeats:
+        return repeats
+    return repeats[~(pd.to_numeric(repeats["host_other_cpu_pct"], errors="coerce") > stats_mod.HOST_BUSY_PCT)]
+
+
+def cell_rows(repeats: pd.DataFrame, config: str, key: Sequence) -> pd.DataFrame:
+    """One config's rows of one cell (NaN keys match NaN)."""
+    mask = repeats["config"] == config
+    for k, v in zip(CELL_KEYS, key):
+        if k not in repeats:
+            continue
+        mask &= repeats[k].isna() if (v is None or (isinstance(v, float) and math.isnan(v))) else repeats[k] == v
+    return repeats[mask]
+
+
+def launch_means(rows: pd.DataFrame, column: str) -> pd.Series:
+    """Per launch (block, run): the mean of its rounds' ``column``; one launch for rows without blocks."""
+    rows = rows[pd.to_numeric(rows[column], errors="coerce").notna()] if column in rows else rows.iloc[0:0]
+    if rows.empty:
+        return pd.Series(dtype=float)
+    block = rows["block"].fillna(0).astype(int) if "block" in rows else pd.Series(0, index=rows.index)
+    run = rows["block_run"].fillna("").astype(str) if "block_run" in rows else pd.Series("", index=rows.index)
+    values = pd.to_numeric(rows[column], errors="coerce")
+    return values.groupby([block, run]).mean()
+
+
+def estimate(a_rows: pd.DataFrame, b_rows: pd.DataFrame, column: str) -> decide.Estimate:
+    """B over A at one cell for ``column`` from both configs' rows: paired over the blocks both measured in one
+    run when there are two or more; else unpaired over launches (two or more each); else, with one launch each,
+    over the launches' rounds (launch-to-launch variation then is not in the interval)."""
+    a_rows, b_rows = quiet(a_rows), quiet(b_rows)
+    la, lb = launch_means(a_rows, column), launch_means(b_rows, column)
+    if la.empty or lb.empty:
+        return decide.NO_ESTIMATE
+    common = [k for k in la.index if k in lb.index]
+    if len(common) >= 2:
+        return decide.paired({k: la[k] for k in common}, {k: lb[k] for k in common})
+    if len(la) >= 2 and len(lb) >= 2:
+        return decide.unpaired(list(la), list(lb))
+    if len(la) == 1 and len(lb) == 1:
+        return decide.unpaired(list(pd.to_numeric(a_rows[column], errors="coerce").dropna()),
+                               list(pd.to_numeric(b_rows[column], errors="coerce").dropna()), decide.ONE_LAUNCH)
+    return decide.unpaired(list(la), list(lb))
+
+
+def busy(repeats: pd.DataFrame, config: str, key: Sequence) -> bool:
+    """Fewer than two of the cell's launches (or rounds, for one launch) were measured on a quiet host, and some
+    were not: the cell is not compared."""
+    if "host_other_cpu_pct" not in repeats:
+        return False
+    rows = cell_rows(repeats, config, key)
+    calm = quiet(rows)
+    if len(calm) == len(rows):
+        return False
+    launches = len(launch_means(calm, "agg_output_tok_s")) if "agg_output_tok_s" in calm else 0
+    return (launches if launches >= 2 else len(calm)) < 2
+
+
+def design_words(design: str, n: int) -> str:
+    """How a comparison's interval was made, in the report's words."""
+    if design == decide.PAIRED:
+        return f"paired over {n} blocks"
+    if design == decide.UNPAIRED:
+        return f"unpaired over {n}+ launches each (not measured in the same runs: drift between them is not cancelled)"
+    if design == decide.ONE_LAUNCH:
+        return (f"{n}+ rounds of one launch each, unpaired: launch-to-launch variation and drift between the two "
+                "launches are not in the interval")
+    return "no interval"

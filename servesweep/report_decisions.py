@@ -1,0 +1,275 @@
+"""The report's answers and the evidence behind them: interactive (the lowest concurrency) and batch (the highest)
+per prompt set, the sweep's resolution and flags, how to read the verdicts, per-config findings against the
+baseline, the ranking per cell and the replicate check.
+
+Every comparison comes from the speedup table (``aggregate.speedup_table``: the sweep's rule, one family) or is
+decided here in a family of its own that the text names. Margins are only ever between cells of the same workload,
+prompt length and concurrency.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from servesweep import compare, decide
+from servesweep.engines.base import cell_label
+
+LOW, HIGH = "interactive", "batch"
+
+
+def _num(x, spec=".2f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def prompts_label(workload: str, ctx) -> str:
+    return f"synthetic {int(ctx)}-token prompts" if workload == "synthetic" else f"{workload} prompts"
+
+
+def ratio_text(ratio, lo, hi) -> str:
+    return f"{_num(ratio)}×" + (f" [{_num(lo)}, {_num(hi)}]" if pd.notna(lo) else " (no interval)")
+
+
+def verdict_words(verdict: str, blocks_to_decide=None) -> str:
+    """A verdict as the report prints it: inconclusive says how many blocks would likely decide it."""
+    if verdict == decide.INCONCLUSIVE and blocks_to_decide is not None and pd.notna(blocks_to_decide):
+        return f"inconclusive (about {int(blocks_to_decide)} blocks would likely decide it)"
+    return verdict
+
+
+def _closed(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["load"] == "concurrency"] if "load" in df else df
+
+
+def _by_prompts(df: pd.DataFrame):
+    for (workload, ctx), g in df.groupby(["workload", "ctx"], sort=True):
+        yield workload, ctx, g
+
+
+def answers(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str) -> list[str]:
+    """Per prompt set: at the lowest C, every config's per-user speed (per-request decode tok/s) against the
+    baseline; at the highest C, every config's throughput against it; each with its interval and verdict, the
+    fastest named first. A prompt set the baseline did not run is named, not ranked."""
+    cells, speedup = _closed(cells), _closed(speedup)
+    lines = []
+    for label, metric, column, pick in ((LOW, "per_request_speedup", "per_request_tok_s", min),
+                                        (HIGH, "speedup", "agg_output_tok_s", max)):
+        parts = []
+        for workload, ctx, g in _by_prompts(cells):
+            level = pick(g["concurrency"])
+            here = g[g["concurrency"] == level]
+            name = prompts_label(workload, ctx)
+            base = here[here["config"] == baseline]
+            if base.empty:
+                parts.append(f"{name}: the baseline `{baseline}` did not run these prompts, so nothing is compared")
+                continue
+            sp = speedup[(speedup["workload"] == workload) & (speedup["ctx"] == ctx)
+                         & (speedup["concurrency"] == level)]
+            parts.append(_answer(name, int(level), base.iloc[0], sp, baseline, metric, column))
+        what = "tok/s per user (per-request decode)" if label == LOW else "output tok/s of the server"
+        where = "lowest" if label == LOW else "highest"
+        lines.append(f"**{label.capitalize()}** ({where} concurrency measured; {what}) — " + " ".join(parts))
+        lines.append("")
+    return lines
+
+
+def _answer(name: str, level: int, base, sp: pd.DataFrame, baseline: str, metric: str, column: str) -> str:
+    rows = sp.sort_values(metric, ascending=False)
+    verdict_col = "verdict" if metric == "speedup" else "per_request_verdict"
+    others = []
+    for r in rows.to_dict("records"):
+        words = verdict_words(r[verdict_col], r.get("blocks_to_decide") if metric == "speedup" else None)
+        flag = " (client-bound: a lower bound)" if r.get("client_bound") else ""
+        others.append(f"`{r['config']}` {ratio_text(r[metric], r[f'{metric}_lo'], r[f'{metric}_hi'])}, "
+                      f"{words}{flag}")
+    if not others:
+        return f"{name}, C={level}: only `{baseline}` ran ({_num(base[column], '.1f')})."
+    ahead = [r for r in rows.to_dict("records") if str(r[verdict_col]).startswith(decide.FASTER)]
+    if ahead:
+        best = ahead[0]["config"]
+        head = f"**`{best}`** is faster than `{baseline}`"
+    elif all(str(r[verdict_col]).startswith((decide.SLOWER, "equivalent")) for r in rows.to_dict("records")):
+        head = f"**`{baseline}`** (the baseline): no config is faster"
+    else:
+        head = f"no config is shown faster than `{baseline}`"
+    return (f"{name}, C={level}: {head}; against `{baseline}` ({_num(base[column], '.1f')}): "
+            + "; ".join(others) + ".")
+
+
+def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
+    """What this sweep could have seen: its blocks and rounds, its rule, and the minimum detectable effect at the
+    lowest and highest concurrency."""
+    rule = design.get("rule") or {}
+    blocks = design.get("blocks", 0)
+    rounds = design.get("rounds_per_launch") or []
+    designs = design.get("designs") or {}
+    closed = _closed(speedup)
+    sweep = closed[closed["family"] == "sweep"] if "family" in closed else closed
+    parts = []
+    if not sweep.empty:
+        for level, metric, label in ((sweep["concurrency"].min(), "per_request_mde", "per user"),
+                                     (sweep["concurrency"].max(), "mde", "throughput")):
+            mdes = sweep[sweep["concurrency"] == level][metric].dropna()
+            if len(mdes):
+                parts.append(f"±{100 * mdes.median():.1f} % {label} at C={int(level)}"
+                             + (f" (up to ±{100 * mdes.max():.1f} %)" if mdes.max() > mdes.median() + 1e-9 else ""))
+    made = ", ".join(f"{n} {d}" for d, n in sorted(designs.items())) or "none"
+    launches = (f"{blocks} block{'s' if blocks != 1 else ''} (every config launched {blocks} "
+                f"time{'s' if blocks != 1 else ''}, in an order that alternates from block to block)" if blocks else
+                "one launch per config, one config after another (recorded before the sweep was measured in blocks)")
+    text = (f"**Resolution** — {launches}, {'/'.join(map(str, rounds)) or '?'} round(s) of the matrix per launch; "
+            f"{design.get('comparisons', 0)} comparisons against the baseline ({made}), false-discovery rate "
+            f"{100 * rule.get('alpha', 0.05):.0f} % over them (Benjamini–Hochberg), equivalence margin "
+            f"±{100 * rule.get('margin', 0.05):.0f} %. ")
+    text += ("Smallest difference this sweep would have seen with "
+             f"{100 * rule.get('power', 0.8):.0f} % power: " + "; ".join(parts) + "." if parts else
+             "No comparison had an interval, so this sweep could not have seen any difference.")
+    return [text, ""]
+
+
+def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
+    """What the reader must know before acting: the replicate check, designs weaker than paired blocks."""
+    out = []
+    checks = design.get("replicate_check") or []
+    if checks:
+        differs = design.get("replicate_differs") or []
+        copies = sorted({c["config"] for c in checks})
+        if differs:
+            out.append(f"**The replicate check failed**: {', '.join(f'`{c}`' for c in differs)}, launched exactly "
+                       "like the baseline, was called different from it (Replicate check below) — the design did "
+                       "not hold this sweep's noise; read every verdict with care.")
+        else:
+            out.append(f"Replicate check: {', '.join(f'`{c}`' for c in copies)}, launched exactly like the baseline, "
+                       f"was called different in none of its {len(checks)} cells, as expected.")
+    sweep = speedup[speedup["family"] == "sweep"] if "family" in speedup else speedup
+    weak = sweep[sweep["design"].isin([decide.UNPAIRED, decide.ONE_LAUNCH])] if "design" in sweep else sweep.iloc[0:0]
+    if len(weak):
+        kinds = sorted(set(weak["design"]))
+        out.append(f"{len(weak)} of {len(sweep)} comparisons are not paired in time ({', '.join(kinds)}): "
+                   + ("their configs ran one launch each, so launch-to-launch variation is not in their intervals"
+                      if decide.ONE_LAUNCH in kinds else
+                      "their configs were measured in different runs of the pipeline (an edited or retried config), "
+                      "so drift between the runs is not cancelled")
+                   + ". Run the baseline's blocks again beside them to pair them (docs/measurement.md, \"Blocks\").")
+    return [f"**Flags** — {' '.join(out)}", ""] if out else []
+
+
+def how_to_read(design: dict) -> list[str]:
+    rule = design.get("rule") or {}
+    m = 100 * rule.get("margin", 0.05)
+    return ["## How to read the verdicts", "",
+            "Each config is compared with the baseline at the same cell (prompts and concurrency). The ratio is the "
+            "geometric mean over blocks of the two configs' launch means, paired within each block (one launch of "
+            "every config, in turn), with its 95 % t interval over the blocks: launch-to-launch variation and drift "
+            "are inside it. **faster / slower**: the difference test rejects \"no difference\" at the sweep's "
+            f"false-discovery rate ({100 * rule.get('alpha', 0.05):.0f} %, Benjamini–Hochberg over all "
+            f"comparisons). **equivalent within ±{m:.0f} %**: both one-sided tests (TOST) place the ratio inside "
+            f"[1/(1+{m / 100:g}), 1+{m / 100:g}] under the same control. **inconclusive**: neither — with how many "
+            "blocks would likely decide it. A 95 % interval that excludes 1 can still be inconclusive: the rule "
+            "asks more of each comparison because the sweep makes many. The minimum detectable effect (MDE) of a "
+            "comparison is the smallest difference it would find with 80 % power at the strictest level the "
+            "control can ask (alpha / comparisons). docs/measurement.md has the design, the rule and its measured "
+            "error rates.", ""]
+
+
+def config_findings(speedup: pd.DataFrame, baseline: str, random_weight_speculative=frozenset()) -> list[str]:
+    """Per config and prompt set: every concurrency's throughput ratio against the baseline with its verdict."""
+    lines = []
+    for cfg, grp in speedup.groupby("config"):
+        for (workload, ctx), g in grp.sort_values("concurrency").groupby(["workload", "ctx"]):
+            series = "; ".join(f"C={int(r.concurrency)}: {ratio_text(r.speedup, r.speedup_lo, r.speedup_hi)} "
+                               f"{verdict_words(r.verdict, r.blocks_to_decide)}" for r in g.itertuples())
+            family = " (replicate check, decided on its own)" if (g.get("family") == "replicate check").any() else ""
+            caveat = (" Speculative on random weights: these speedups rest on drafts random weights make easy, not "
+                      "on a real model's acceptance." if cfg in random_weight_speculative else "")
+            lines.append(f"- `{cfg}` on {prompts_label(workload, ctx)}{family}: {series}.{caveat}")
+    return lines
+
+
+def ranking(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str) -> list[str]:
+    """Per cell: every config by output tok/s (means over launches), each other config's verdict against the
+    baseline, and the configs left out of the ranking with the reason."""
+    lines = []
+    cells = _closed(cells)
+    for (workload, ctx, conc), g in cells.groupby(["workload", "ctx", "concurrency"], sort=True):
+        client = g[g["client_bound"].fillna(False).astype(bool)] if "client_bound" in g else g.iloc[0:0]
+        ranked = g.drop(client.index).sort_values("agg_output_tok_s", ascending=False)
+        sp = speedup[(speedup["workload"] == workload) & (speedup["ctx"] == ctx) & (speedup["concurrency"] == conc)]
+        verdicts = {r["config"]: r["verdict"] for r in sp.to_dict("records")}
+        order = " > ".join(f"`{r['config']}` {r['agg_output_tok_s']:.1f}"
+                           + (f" ({verdicts[r['config']]})" if r["config"] in verdicts else
+                              " (baseline)" if r["config"] == baseline else "")
+                           for r in ranked.to_dict("records"))
+        left = (" Left out: " + ", ".join(f"`{r['config']}` ({r['agg_output_tok_s']:.1f}, client-bound: the "
+                                          "client's pace, not the server's)" for r in client.to_dict("records"))
+                + ".") if len(client) else ""
+        label = cell_label({"workload": workload, "ctx": ctx, "concurrency": int(conc)})
+        if ranked.empty:
+            lines.append(f"- {label}: no config measured server-bound.{left}")
+        elif len(ranked) == 1 and not len(client):
+            lines.append(f"- {label}: `{ranked.iloc[0]['config']}` ({ranked.iloc[0]['agg_output_tok_s']:.1f} "
+                         "tok/s), the only config measured.")
+        else:
+            lines.append(f"- {label}: {order} tok/s.{left}")
+    return lines
+
+
+def replicate_section(design: dict) -> list[str]:
+    checks = design.get("replicate_check") or []
+    if not checks:
+        return []
+    lines = ["Replicate check (identical copies of the baseline, decided as their own family; expected: nothing "
+             "called):", ""]
+    for c in checks:
+        lines.append(f"- `{c['config']}` {cell_label(c | {'concurrency': c['level']})}: "
+                     f"{ratio_text(c['ratio'], c['lo'], c['hi'])} {c['verdict']}; per user "
+                     f"{_num(c['per_request_ratio'])}× {c['per_request_verdict']}.")
+    return lines + [""]
+
+
+def concurrency_drops(cells: pd.DataFrame, repeats: pd.DataFrame | None, rule: decide.Rule | None = None) -> list[str]:
+    """Cells where more concurrency lowered a config's throughput, called by the sweep's rule (one family: every
+    step up in C of every config), paired within launches (both cells were measured by the same servers)."""
+    if repeats is None or repeats.empty:
+        return []
+    rule = rule or decide.Rule()
+    cells, repeats = _closed(cells), _closed(repeats)
+    steps = []
+    for (cfg, workload, ctx), g in cells.sort_values("concurrency").groupby(["config", "workload", "ctx"]):
+        rows = g.to_dict("records")
+        for prev, now in zip(rows, rows[1:]):
+            sel = repeats[(repeats["config"] == cfg) & (repeats["workload"] == workload) & (repeats["ctx"] == ctx)]
+            est = compare.estimate(sel[sel["concurrency"] == prev["concurrency"]],
+                                   sel[sel["concurrency"] == now["concurrency"]], "agg_output_tok_s")
+            steps.append((cfg, prev, now, est))
+    out = []
+    for (cfg, prev, now, est), d in zip(steps, decide.decide([s[3] for s in steps], rule)):
+        if d.verdict.startswith(decide.SLOWER):
+            out.append(f"- `{cfg}` {cell_label(prev).rsplit(' C=', 1)[0]}: throughput falls from "
+                       f"{prev['agg_output_tok_s']:.1f} tok/s at C={int(prev['concurrency'])} to "
+                       f"{now['agg_output_tok_s']:.1f} at C={int(now['concurrency'])} "
+                       f"({ratio_text(est.ratio, est.lo, est.hi)}, slower by the sweep's rule over {len(steps)} such "
+                       "steps): more concurrency lowers throughput here; the cause is not measured by these columns.")
+    return out
+
+
+def order_effect(repeats: pd.DataFrame | None, metas: list[dict]) -> list[str]:
+    """Whether launching first in a block mattered: the mean log-ratio of a launch to its config's other launches
+    of the same cell, by planned position in the block (a check of the design's balance, not a verdict)."""
+    if repeats is None or repeats.empty or "block_position" not in repeats or repeats["block"].nunique() < 2:
+        return []
+    import numpy as np
+
+    launch = (compare.quiet(repeats).groupby(["config", "workload", "ctx", "concurrency", "block", "block_position"])
+              ["agg_output_tok_s"].mean().reset_index())
+    launch = launch[launch["agg_output_tok_s"] > 0]
+    launch["log"] = np.log(launch["agg_output_tok_s"])
+    launch["dev"] = launch["log"] - launch.groupby(["config", "workload", "ctx", "concurrency"])["log"].transform("mean")
+    by = launch.groupby("block_position")["dev"].agg(["mean", "count"])
+    if len(by) < 2:
+        return []
+    words = ", ".join(f"position {int(p) + 1}: {100 * (math.exp(r['mean']) - 1):+.1f} % ({int(r['count'])} launches)"
+                      for p, r in by.iterrows())
+    return [f"- Launch position in the block, mean deviation from the config's own mean: {words}. Each config "
+            "holds each position about equally often (the order alternates), so such an effect widens intervals "
+            "rather than favouring a config."]

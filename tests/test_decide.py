@@ -1,0 +1,126 @@
+"""The verdict rule (servesweep.decide): intervals against an independent computation, the tests' error rates by
+simulation with a truth set here, Benjamini–Hochberg, the minimum detectable effect and the block orders."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from servesweep import decide
+
+
+def test_paired_interval_is_the_t_interval_of_the_block_log_ratios():
+    a = {0: 100.0, 1: 90.0, 2: 110.0, 3: 95.0}
+    b = {0: 121.0, 1: 108.0, 2: 130.0, 3: 117.0}
+    e = decide.paired(a, b)
+    d = np.log([b[k] / a[k] for k in a])
+    # independent: scipy's one-sample t test and its confidence interval on the log-ratios
+    res = sps.ttest_1samp(d, 0.0)
+    ci = res.confidence_interval(0.95)
+    assert (e.lo, e.hi) == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    assert decide.p_difference(e) == pytest.approx(res.pvalue)
+    assert e.design == decide.PAIRED and e.n == 4
+
+
+def test_unpaired_is_welch_on_the_logs():
+    a, b = [100.0, 104.0, 97.0, 101.0], [120.0, 118.0, 127.0]
+    e = decide.unpaired(a, b)
+    res = sps.ttest_ind(np.log(b), np.log(a), equal_var=False)
+    assert decide.p_difference(e) == pytest.approx(res.pvalue)
+    ci = res.confidence_interval(0.95)
+    assert (e.lo, e.hi) == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+
+
+def test_tost_is_the_90_percent_interval_inside_the_margin():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        d = rng.normal(rng.uniform(-0.06, 0.06), 0.02, size=6)
+        e = decide.paired({i: 1.0 for i in range(6)}, {i: math.exp(x) for i, x in enumerate(d)})
+        lo90, hi90 = decide._interval(e.log_ratio, e.se, e.df, 0.90)
+        inside = 1 / 1.05 <= lo90 and hi90 <= 1.05
+        assert (decide.p_equivalence(e, 0.05) <= 0.05) == inside
+
+
+def test_benjamini_hochberg_against_the_step_up_definition():
+    p = [0.001, 0.008, 0.039, 0.041, 0.042, 0.06, 0.074, 0.205, 0.212, 0.216]
+    # the k-th smallest is rejected while p_(k) <= k alpha / m for the largest such k: here k = 2 at alpha 0.05
+    assert decide.benjamini_hochberg(p, 0.05) == [True, True] + [False] * 8
+    assert decide.benjamini_hochberg([0.01, float("nan"), 0.02], 0.05) == [True, False, True]
+    q = decide.bh_adjusted(p)
+    assert all((qi <= 0.05) == r for qi, r in zip(q, decide.benjamini_hochberg(p, 0.05)))
+
+
+def _simulate(ratio, cv, blocks, comparisons, sweeps, seed):
+    """Verdicts of ``sweeps`` simulated sweeps of ``comparisons`` paired comparisons each, truth ``ratio``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(sweeps):
+        ests = []
+        for _ in range(comparisons):
+            launch = rng.normal(0, cv, size=blocks)  # shared by both configs of a block: pairing cancels it
+            a = np.exp(launch + rng.normal(0, cv, size=blocks)) * 100
+            b = np.exp(launch + rng.normal(0, cv, size=blocks)) * 100 * ratio
+            ests.append(decide.paired(dict(enumerate(a)), dict(enumerate(b))))
+        out.append([d.verdict for d in decide.decide(ests, decide.Rule())])
+    return out
+
+
+def test_all_null_sweeps_rarely_call_anything():
+    sweeps = _simulate(1.0, 0.05, blocks=4, comparisons=8, sweeps=600, seed=1)
+    any_call = np.mean([any(v.startswith(("faster", "slower")) for v in s) for s in sweeps])
+    assert any_call <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 600)
+
+
+def test_a_large_effect_is_found_and_never_the_wrong_way():
+    sweeps = _simulate(1.2, 0.05, blocks=4, comparisons=8, sweeps=100, seed=2)
+    flat = [v for s in sweeps for v in s]
+    assert np.mean([v == "faster" for v in flat]) >= 0.8
+    assert not any(v.startswith("slower") for v in flat)
+
+
+def test_equivalence_at_the_margin_is_rare():
+    sweeps = _simulate(1.05, 0.02, blocks=8, comparisons=8, sweeps=300, seed=3)
+    flat = [v for s in sweeps for v in s]
+    assert np.mean([v.startswith("equivalent") or "within" in v for v in flat]) <= 0.05 + 0.02
+
+
+def test_minimum_detectable_effect_is_found_with_its_power():
+    """Simulate at the MDE the rule states for one comparison alone (comparisons=1): found about 80 % of the time."""
+    rng = np.random.default_rng(4)
+    sd, n = 0.04, 8
+    probe = decide.paired(dict(enumerate(np.ones(n))), dict(enumerate(np.exp(rng.normal(0, sd, n)))))
+    se = sd / math.sqrt(n)
+    target = decide.detectable(se, n - 1, 0.05, 0.8)
+    found = 0
+    for _ in range(2000):
+        d = rng.normal(math.log(target), sd, n)
+        e = decide.paired(dict(enumerate(np.ones(n))), dict(enumerate(np.exp(d))))
+        found += decide.decide([e], decide.Rule())[0].verdict.startswith("faster")
+    # the MDE uses the true sd; each simulated test estimates its own, so power is near, not exactly, 80 %
+    assert 0.72 <= found / 2000 <= 0.88
+    assert probe.n == n
+
+
+def test_inconclusive_says_how_many_blocks_would_decide():
+    rng = np.random.default_rng(5)
+    d = rng.normal(math.log(1.06), 0.05, 3)
+    e = decide.paired({i: 1.0 for i in range(3)}, {i: math.exp(x) for i, x in enumerate(d)})
+    dec = decide.decide([e], decide.Rule())[0]
+    if dec.verdict == decide.INCONCLUSIVE:
+        assert dec.blocks_to_decide is None or dec.blocks_to_decide > 3
+
+
+def test_block_orders_balance_positions_and_reverse_in_pairs():
+    orders = decide.block_order(["a", "b", "c"], 6, seed=1)
+    for cfg in "abc":
+        positions = sorted(o.index(cfg) for o in orders)
+        assert positions == [0, 0, 1, 1, 2, 2]
+    for even, odd in zip(orders[::2], orders[1::2]):
+        assert odd == even[::-1]
+    assert decide.block_order(["a", "b", "c"], 6, seed=1) == orders
+
+
+def test_spending_adds_up_to_alpha():
+    levels = decide.look_levels([4, 8, 12, 16], 0.05)
+    assert sum(levels) == pytest.approx(0.05)
+    assert levels[0] < levels[1] < levels[2]
