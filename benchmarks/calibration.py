@@ -31,7 +31,7 @@ scipy, and a block bootstrap on 64 blocks.
 window, one launch per config per block; verdicts by decide.decide against the ratio set.
 
 **Pipeline level** (``pipeline --dir D``): writes a sweep config on the truth server (``fast`` 1.2× ``base``,
-``copy`` identical to ``base``, ``matrix.blocks: 4``), runs ``snakemake --cores 1 report`` in a copy of the
+``copy`` identical to ``base``, ``design.blocks: 4``), runs ``snakemake --cores 1 report`` in a copy of the
 workflow under D and prints D/results/tables/speedup.csv's verdicts against the truth.
 """
 from __future__ import annotations
@@ -615,7 +615,8 @@ def pipeline_config(binary: Path, truth_file: Path, blocks: int = 4) -> dict:
         "matrix": {"context_lengths": [32], "concurrencies": [1, 4], "output_tokens": 16,
                    "warmup": {"seconds": 0.2, "requests_per_concurrency": 1},
                    "measure": {"seconds": 1.5, "requests_per_concurrency": 2, "min_requests": 3},
-                   "repeats": 1, "blocks": blocks},
+                   "repeats": 1},
+        "design": {"blocks": blocks},
     }
 
 
@@ -653,8 +654,8 @@ def pipeline_main(args) -> int:
         return 1
     table = pd.read_csv(work / "results" / "tables" / "speedup.csv")
     truth = {c: PIPELINE_TRUTH[c] / PIPELINE_TRUTH["base"] for c in PIPELINE_TRUTH}
-    cols = [c for c in ("config", "workload", "ctx", "concurrency", "speedup", "ci_low", "ci_high", "verdict",
-                        "design") if c in table.columns]
+    cols = [c for c in ("config", "workload", "ctx", "load", "concurrency", "speedup", "speedup_lo", "speedup_hi",
+                        "verdict", "design", "family") if c in table.columns]
     wrong = 0
     print("| " + " | ".join(cols) + " | true ratio | agrees |\n|" + "---|" * (len(cols) + 2))
     for _, r in table.iterrows():
