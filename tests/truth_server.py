@@ -1,0 +1,278 @@
+"""A known-truth OpenAI-compatible server: a llama-server stand-in whose speed is set, for calibrating the verdicts.
+
+Standard library only. It takes llama-server's argv (``--port``, ``--host``, ``--alias``, ``--parallel``; every
+other flag is accepted and ignored, ``--version`` prints a version line and exits), so a config runs it through
+``engines.llamacpp.binary`` (a wrapper script that execs ``python3 tests/truth_server.py "$@"``). It answers what
+servesweep asks of a llama-server: ``/health`` (503 for the first 0.2 s), ``/v1/models`` (the alias), ``/props``
+(``total_slots``), ``/metrics`` (``llamacpp:n_decode_total`` and token counters), ``POST /tokenize`` (one id per
+word or punctuation mark, ``{"tokens": [...]}``), ``POST /detokenize`` and ``POST /v1/completions``: a one-shot
+JSON answer, or for ``"stream": true`` one token per server-sent event, a usage event and ``[DONE]``. Requests
+beyond ``--parallel`` slots wait for a free slot, as llama-server's do.
+
+**The truth** comes from the JSON in ``$TRUTH_SERVER_SPEC``, or from the JSON file named by ``$TRUTH_SERVER_FILE``
+(neither: the defaults below). Keys (all optional):
+
+- ``speeds``: ``{alias: tokens/s of one stream alone}``; ``default_speed`` for an alias not listed (default 40).
+  An alias can also take its speed from the argv: ``--truth-speed 55`` (the extra arg wins over ``speeds``).
+- ``gamma`` (default 0.8): concurrency scaling. With k requests decoding at once (k ≤ slots), the aggregate rate is
+  speed × k^gamma, so each stream runs at speed × k^(gamma − 1). Requests beyond the slots queue.
+- ``launch_cv`` (default 0.03): a lognormal multiplier exp(N(−s²/2, s²)), s = sqrt(ln(1 + cv²)), drawn once per
+  launch, shared by every request of the launch: launch-to-launch noise.
+- ``token_cv`` (default 0.1): per-token jitter, the same kind of lognormal multiplier on each token's interval.
+- ``drift``: the host's speed, shared by every config, as a function of wall-clock time t since ``drift.epoch``
+  (seconds since 1970; default 0): multiplier (1 + ``amplitude`` · sin(2π (t − epoch) / ``period_s`` + ``phase``))
+  · (1 + ``slope_per_s`` · (t − epoch)). Defaults: amplitude 0, period 600 s, phase 0, slope 0. Configs measured one
+  after another see different host speeds: the bias a block design must cancel.
+- ``prefill_tok_s`` (default 20000): prompt tokens per second before the first token.
+- ``seed``: with ``counter_file`` (a path), the launch seed is ``seed`` + a counter kept in that file (each launch
+  takes the next number under a file lock: reproducible over a run); without it the seed comes from ``seed``, the
+  pid and the clock (different per launch).
+
+The true ratio of two configs at one concurrency is their ``speeds`` ratio (both scale by the same k^gamma and
+drift); a launch's own multiplier and seed are printed in its log (``truth: ...``), so a test can check what it drew.
+Pacing is real wall time (``time.sleep`` to an absolute schedule per stream), cheap on CPU.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import random
+import re
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VERSION_LINE = "version: 0 (truth-server)"
+DEFAULTS = {"default_speed": 40.0, "gamma": 0.8, "launch_cv": 0.03, "token_cv": 0.1, "prefill_tok_s": 20000.0,
+            "drift": {}, "speeds": {}}
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def load_truth(environ=os.environ) -> dict:
+    """The truth from ``$TRUTH_SERVER_SPEC`` (JSON) or the file ``$TRUTH_SERVER_FILE``, over the defaults."""
+    truth = dict(DEFAULTS)
+    if environ.get("TRUTH_SERVER_SPEC"):
+        truth.update(json.loads(environ["TRUTH_SERVER_SPEC"]))
+    elif environ.get("TRUTH_SERVER_FILE"):
+        with open(environ["TRUTH_SERVER_FILE"]) as fh:
+            truth.update(json.load(fh))
+    return truth
+
+
+def lognormal(rng: random.Random, cv: float) -> float:
+    """A multiplier with mean 1 and coefficient of variation ``cv``."""
+    if cv <= 0:
+        return 1.0
+    s = math.sqrt(math.log1p(cv * cv))
+    return math.exp(rng.gauss(-s * s / 2, s))
+
+
+def drift_factor(drift: dict, t: float) -> float:
+    """The host's speed multiplier at wall-clock time ``t`` (shared by every config)."""
+    dt = t - float(drift.get("epoch", 0.0))
+    wave = 1 + float(drift.get("amplitude", 0.0)) * math.sin(
+        2 * math.pi * dt / float(drift.get("period_s", 600.0)) + float(drift.get("phase", 0.0)))
+    return max(1e-3, wave * (1 + float(drift.get("slope_per_s", 0.0)) * dt))
+
+
+def launch_seed(truth: dict) -> int:
+    base = int(truth.get("seed", 0))
+    path = truth.get("counter_file")
+    if not path:
+        return base * 1_000_003 + os.getpid() * 7919 + time.time_ns() % 1_000_000_007
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        text = fh.read().strip()
+        n = int(text) if text else 0
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(n + 1))
+    return base * 1_000_003 + n
+
+
+def parse_argv(argv: list[str]) -> dict:
+    """The llama-server flags this server uses; all others are ignored (a flag's value is skipped with it)."""
+    wanted = {"--port": "port", "--host": "host", "--alias": "alias", "--parallel": "parallel", "-np": "parallel",
+              "--truth-speed": "speed"}
+    out = {"port": 8080, "host": "127.0.0.1", "alias": "truth-model", "parallel": 1, "speed": None}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if "=" in arg and arg.split("=", 1)[0] in wanted:
+            key, value = arg.split("=", 1)
+            out[wanted[key]] = value
+        elif arg in wanted and i + 1 < len(argv):
+            out[wanted[arg]] = argv[i + 1]
+            i += 1
+        i += 1
+    out["port"], out["parallel"] = int(out["port"]), max(1, int(out["parallel"]))
+    out["speed"] = float(out["speed"]) if out["speed"] is not None else None
+    return out
+
+
+class Truth:
+    """One launch's state: its speed, its launch multiplier, its slots and counters."""
+
+    def __init__(self, truth: dict, args: dict):
+        self.truth, self.args = truth, args
+        self.seed = launch_seed(truth)
+        self.rng = random.Random(self.seed)
+        self.speed = args["speed"] if args["speed"] is not None else float(
+            truth["speeds"].get(args["alias"], truth["default_speed"]))
+        self.launch = lognormal(self.rng, float(truth["launch_cv"]))
+        self.gamma = float(truth["gamma"])
+        self.token_cv = float(truth["token_cv"])
+        self.slots = threading.BoundedSemaphore(args["parallel"])
+        self.lock = threading.Lock()
+        self.active = 0
+        self.decoded = 0
+        self.prompt_tokens = 0
+        self.requests = 0
+        self.started = time.time()
+
+    def rate(self, now: float) -> float:
+        """Tokens/s of one stream now: speed × launch × drift × k^(gamma − 1) with k streams decoding."""
+        k = max(1, self.active)
+        return self.speed * self.launch * drift_factor(self.truth["drift"], now) * k ** (self.gamma - 1)
+
+    def jitter(self) -> float:
+        with self.lock:
+            return lognormal(self.rng, self.token_cv)
+
+
+def tokenize(text: str) -> list[int]:
+    return [(hash_word(w) % 32000) + 1 for w in _WORD.findall(text)]
+
+
+def hash_word(word: str) -> int:
+    h = 2166136261
+    for ch in word.encode():
+        h = ((h ^ ch) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def _json(self, obj, code: int = 200) -> None:
+        self._send(code, json.dumps(obj).encode())
+
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        if path == "/health":
+            ready = time.time() - STATE.started > 0.2
+            self._json({"status": "ok" if ready else "loading"}, 200 if ready else 503)
+        elif path == "/v1/models":
+            self._json({"object": "list", "data": [{"id": STATE.args["alias"], "object": "model"}]})
+        elif path == "/props":
+            self._json({"total_slots": STATE.args["parallel"], "model_path": "truth-server",
+                        "build_info": VERSION_LINE})
+        elif path == "/metrics":
+            text = ("# HELP llamacpp:n_decode_total Total number of llama_decode() calls\n"
+                    "# TYPE llamacpp:n_decode_total counter\n"
+                    f"llamacpp:n_decode_total {STATE.decoded}\n"
+                    "# TYPE llamacpp:tokens_predicted_total counter\n"
+                    f"llamacpp:tokens_predicted_total {STATE.decoded}\n"
+                    "# TYPE llamacpp:prompt_tokens_total counter\n"
+                    f"llamacpp:prompt_tokens_total {STATE.prompt_tokens}\n"
+                    "# TYPE llamacpp:requests_processing gauge\n"
+                    f"llamacpp:requests_processing {STATE.active}\n")
+            self._send(200, text.encode(), "text/plain; version=0.0.4")
+        else:
+            self._json({"error": {"message": "not found"}}, 404)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        path = self.path.split("?")[0]
+        if path == "/tokenize":
+            self._json({"tokens": tokenize(str(body.get("content", "")))})
+        elif path == "/detokenize":
+            self._json({"content": " ".join(f"t{t}" for t in body.get("tokens", []))})
+        elif path in ("/v1/completions", "/completion", "/completions"):
+            self._complete(body)
+        else:
+            self._json({"error": {"message": "not found"}}, 404)
+
+    def _complete(self, body: dict) -> None:
+        prompt = body.get("prompt") or []
+        n_prompt = len(prompt) if isinstance(prompt, list) else len(tokenize(str(prompt)))
+        n = max(1, int(body.get("max_tokens", body.get("n_predict", 16)) or 16))
+        if not body.get("stream"):
+            self._json({"choices": [{"index": 0, "text": " t0" * min(n, 1), "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": n_prompt, "completion_tokens": 1, "total_tokens": n_prompt + 1}})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with STATE.slots:
+            with STATE.lock:
+                STATE.active += 1
+                STATE.requests += 1
+                STATE.prompt_tokens += n_prompt
+            try:
+                due = time.monotonic() + n_prompt / float(STATE.truth["prefill_tok_s"])
+                for i in range(n):
+                    due += STATE.jitter() / STATE.rate(time.time())
+                    wait = due - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                    event = {"choices": [{"index": 0, "text": f" t{i}",
+                                          "finish_reason": "length" if i == n - 1 else None}]}
+                    self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    with STATE.lock:
+                        STATE.decoded += 1
+            finally:
+                with STATE.lock:
+                    STATE.active -= 1
+        usage = {"choices": [], "usage": {"prompt_tokens": n_prompt, "completion_tokens": n,
+                                          "total_tokens": n_prompt + n}}
+        self._chunk(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+STATE: Truth
+
+
+def main(argv: list[str]) -> int:
+    global STATE
+    if "--version" in argv:
+        print(VERSION_LINE, file=sys.stderr, flush=True)
+        return 0
+    args = parse_argv(argv)
+    STATE = Truth(load_truth(), args)
+    print(f"truth: alias={args['alias']} speed={STATE.speed:g} launch={STATE.launch:.6f} seed={STATE.seed} "
+          f"slots={args['parallel']} gamma={STATE.gamma:g} token_cv={STATE.token_cv:g} "
+          f"drift={json.dumps(STATE.truth['drift'])}", flush=True)
+    server = ThreadingHTTPServer((args["host"], args["port"]), Handler)
+    server.daemon_threads = True
+    print(f"main: server is listening on http://{args['host']}:{args['port']}", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
