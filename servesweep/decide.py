@@ -231,17 +231,20 @@ def decide(estimates: Sequence[Estimate], rule: Rule, level: float | None = None
     """The verdicts of a family of comparisons (the whole sweep's): Benjamini–Hochberg over the difference tests
     and, separately, over the equivalence tests, at ``level`` (the rule's alpha unless a sequential design spends
     less at this look). A comparison without an interval (fewer than two blocks or launches) is "not measurable"
-    and is not counted in the family."""
+    and is not counted in the family. So is one from the rounds of a single launch per config (``ONE_LAUNCH``):
+    its interval leaves launch-to-launch variation out (benchmarks/calibration.py: at a launch CV of 5 % it calls
+    an identical copy different in about 70 % of cells), so it is kept for display but decides nothing."""
     alpha = rule.alpha if level is None else level
-    p_diff = [p_difference(e, rule.min_effect) for e in estimates]
-    p_eq = [p_equivalence(e, rule.margin) for e in estimates]
+    usable = [e.measurable and e.design != ONE_LAUNCH for e in estimates]
+    p_diff = [p_difference(e, rule.min_effect) if ok else math.nan for e, ok in zip(estimates, usable)]
+    p_eq = [p_equivalence(e, rule.margin) if ok else math.nan for e, ok in zip(estimates, usable)]
     diff, eq = benjamini_hochberg(p_diff, alpha), benjamini_hochberg(p_eq, alpha)
     q_diff, q_eq = bh_adjusted(p_diff), bh_adjusted(p_eq)
     m = sum(1 for p in p_diff if math.isfinite(p))
     spent = replace(rule, alpha=alpha)
     out = []
     for i, est in enumerate(estimates):
-        if not est.measurable:
+        if not usable[i]:
             out.append(Decision(est, NOT_MEASURABLE, math.nan, math.nan, math.nan, math.nan, math.nan))
             continue
         side = (FASTER if est.log_ratio > 0 else SLOWER) if diff[i] else None
