@@ -328,7 +328,9 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
     blocks = sorted({b for m in metas for b in [x.get("block") for x in m.get("blocks") or [m]] if b is not None})
     rounds = sorted({int(r) for r in repeats.groupby([c for c in ("config", *CELL_KEYS, "block") if c in repeats],
                                                      dropna=False).size()}) if not repeats.empty else []
-    decided = [r for r in rows if r["family"] == "sweep" and r["verdict"] != decide.NOT_MEASURABLE]
+    decided = [r for r in rows if r["family"] == "sweep" and r["verdict"] not in (decide.NOT_MEASURABLE,
+                                                                                    decide.UNDECIDED)]
+    undecided = [r for r in rows if r["family"] == "sweep" and r["verdict"] == decide.UNDECIDED]
     resolution = []
     for (load, level), g in pd.DataFrame(decided or [{"load": None, "level": None}]).groupby(["load", "level"]):
         if not decided:
@@ -339,7 +341,7 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
                 resolution.append({"load": load, "level": level, "metric": metric, "comparisons": len(mdes),
                                    "mde_median": float(pd.Series(mdes).median()), "mde_max": float(max(mdes))})
     designs = pd.Series([r["design"] for r in decided]).value_counts().to_dict() if decided else {}
-    return {"blocks": len(blocks), "rounds_per_launch": rounds, "designs": designs,
+    return {"blocks": len(blocks), "rounds_per_launch": rounds, "designs": designs, "undecided": len(undecided),
             "rule": {"alpha": rule.alpha, "margin": rule.margin, "min_effect": rule.min_effect, "power": rule.power,
                      "error_control": "Benjamini–Hochberg false-discovery rate over the sweep's comparisons"},
             "comparisons": len(decided), "resolution": resolution}

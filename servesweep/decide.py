@@ -34,6 +34,9 @@ from scipy import stats as sps
 
 FASTER, SLOWER, INCONCLUSIVE = "faster", "slower", "inconclusive"
 NOT_MEASURABLE = "not measurable"
+# A comparison over the rounds of one launch per config: shown, never decided (its interval leaves launch-to-launch
+# variation out).
+UNDECIDED = "no verdict: one launch per config"
 PAIRED, UNPAIRED, ONE_LAUNCH = "paired blocks", "unpaired launches", "one launch per config"
 
 
@@ -233,7 +236,8 @@ def decide(estimates: Sequence[Estimate], rule: Rule, level: float | None = None
     less at this look). A comparison without an interval (fewer than two blocks or launches) is "not measurable"
     and is not counted in the family. So is one from the rounds of a single launch per config (``ONE_LAUNCH``):
     its interval leaves launch-to-launch variation out (benchmarks/calibration.py: at a launch CV of 5 % it calls
-    an identical copy different in about 70 % of cells), so it is kept for display but decides nothing."""
+    an identical copy different in about 70 % of cells), so it is kept for display but decides nothing
+    (``UNDECIDED``)."""
     alpha = rule.alpha if level is None else level
     usable = [e.measurable and e.design != ONE_LAUNCH for e in estimates]
     p_diff = [p_difference(e, rule.min_effect) if ok else math.nan for e, ok in zip(estimates, usable)]
@@ -245,7 +249,8 @@ def decide(estimates: Sequence[Estimate], rule: Rule, level: float | None = None
     out = []
     for i, est in enumerate(estimates):
         if not usable[i]:
-            out.append(Decision(est, NOT_MEASURABLE, math.nan, math.nan, math.nan, math.nan, math.nan))
+            words = UNDECIDED if est.measurable and est.design == ONE_LAUNCH else NOT_MEASURABLE
+            out.append(Decision(est, words, math.nan, math.nan, math.nan, math.nan, math.nan))
             continue
         side = (FASTER if est.log_ratio > 0 else SLOWER) if diff[i] else None
         verdict = verdict_text(side, eq[i], rule.margin)
@@ -274,20 +279,21 @@ def look_levels(looks: Sequence[int], alpha: float) -> list[float]:
 
 
 def block_order(configs: Sequence[str], blocks: int, seed: int = 0) -> list[list[str]]:
-    """The launch order of each block: a seeded random base order, rotated by one place every two blocks, each
-    odd block the reverse of the block before it.
+    """The launch order of each block: blocks come in pairs, each pair a fresh seeded random order and its reverse.
 
-    Reversal (A B | B A, "ABBA") makes a linear drift over the pair of blocks cancel in every pairwise ratio, since
-    each config is as often before as after each other; the rotation moves every config through every position,
-    so a first-launch effect (the first server of a run starting colder) falls on each config equally often once
-    the sweep has 2 × configs blocks. The seed stands in for everything not designed: no config is always
-    first because of its name."""
-    base = sorted(configs)
-    random.Random(seed).shuffle(base)
-    k = len(base)
-    out = []
+    Within a pair (A B C | C B A) a linear drift cancels in every pairwise ratio, since each config is as often
+    before as after each other one, and every config's two positions average to the middle, so a first-launch effect
+    falls on all configs alike over the pair. A fresh order per pair keeps a slower, non-linear drift (a day's cycle)
+    from lining up with one config's place in every block: with one fixed order rotated, a sinusoidal drift of 3 %
+    against 2 % noise raised the A/A false-finding rate to 6 % per sweep, with a fresh random order per block it
+    was 5.0 % (benchmarks/calibration.py). The seed stands in for everything not designed."""
+    rng = random.Random(seed)
+    out: list[list[str]] = []
     for b in range(blocks):
-        shift = (b // 2) % k if k else 0
-        order = base[shift:] + base[:shift]
-        out.append(order[::-1] if b % 2 else order)
+        if b % 2 == 0:
+            order = sorted(configs)
+            rng.shuffle(order)
+            out.append(order)
+        else:
+            out.append(out[-1][::-1])
     return out

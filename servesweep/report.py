@@ -217,6 +217,9 @@ def _choice_lines(label: str, choice: dict, cost: dict) -> list[str]:
                f"({_fmt(second['output_tok_s_per_gpu'], '.0f')} tok/s per {unit}): {margin} per {unit}")
     if choice["verdict"] == decide.NOT_MEASURABLE:
         verdict = "not a finding: fewer than two quiet launches (or rounds) give no interval"
+    elif choice["verdict"] == decide.UNDECIDED:
+        verdict = ("no verdict: one launch per config (the interval, over rounds, leaves launch-to-launch variation "
+                   "out)")
     else:
         design = choice["estimate"].design if choice.get("estimate") is not None else ""
         verdict = (f"{rd.verdict_words(choice['verdict'], choice.get('blocks_to_decide'))} "

@@ -85,7 +85,9 @@ def _answer(name: str, level: int, base, sp: pd.DataFrame, baseline: str, metric
     if not others:
         return f"{name}, C={level}: only `{baseline}` ran ({_num(base[column], '.1f')})."
     ahead = [r for r in rows.to_dict("records") if str(r[verdict_col]).startswith(decide.FASTER)]
-    if ahead:
+    if all(r[verdict_col] == decide.UNDECIDED for r in rows.to_dict("records")):
+        head = "not decided (one launch per config)"
+    elif ahead:
         best = ahead[0]["config"]
         head = f"**`{best}`** is faster than `{baseline}`"
     elif all(str(r[verdict_col]).startswith((decide.SLOWER, "equivalent")) for r in rows.to_dict("records")):
@@ -113,7 +115,7 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
             if len(mdes):
                 parts.append(f"±{100 * mdes.median():.1f} % {label} at C={int(level)}"
                              + (f" (up to ±{100 * mdes.max():.1f} %)" if mdes.max() > mdes.median() + 1e-9 else ""))
-    made = ", ".join(f"{n} {d}" for d, n in sorted(designs.items())) or "none"
+    made = ", ".join(f"{n} {d}" for d, n in sorted(designs.items())) or "none decided"
     launches = (f"{blocks} block{'s' if blocks != 1 else ''} (every config launched {blocks} "
                 f"time{'s' if blocks != 1 else ''}, in an order that alternates from block to block)" if blocks else
                 "one launch per config, one config after another (recorded before the sweep was measured in blocks)")
@@ -121,9 +123,15 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
             f"{design.get('comparisons', 0)} comparisons against the baseline ({made}), false-discovery rate "
             f"{100 * rule.get('alpha', 0.05):.0f} % over them (Benjamini–Hochberg), equivalence margin "
             f"±{100 * rule.get('margin', 0.05):.0f} %. ")
-    text += ("Smallest difference this sweep would have seen with "
-             f"{100 * rule.get('power', 0.8):.0f} % power: " + "; ".join(parts) + "." if parts else
-             "No comparison had an interval, so this sweep could not have seen any difference.")
+    if parts:
+        text += (f"Smallest difference this sweep would have seen with {100 * rule.get('power', 0.8):.0f} % power: "
+                 + "; ".join(parts) + ".")
+    elif design.get("undecided"):
+        text += (f"Its {design['undecided']} comparisons rest on one launch per config, whose intervals leave "
+                 "launch-to-launch variation out, so none is decided and no resolution can be stated; measure the "
+                 "sweep in blocks (`design.blocks`) to decide them.")
+    else:
+        text += "No comparison had an interval, so this sweep could not have seen any difference."
     return [text, ""]
 
 
@@ -150,7 +158,9 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
                       if decide.ONE_LAUNCH in kinds else
                       "their configs were measured in different runs of the pipeline (an edited or retried config), "
                       "so drift between the runs is not cancelled")
-                   + ". Run the baseline's blocks again beside them to pair them (docs/measurement.md, \"Blocks\").")
+                   + (". Measure the sweep in blocks to decide them" if decide.ONE_LAUNCH in kinds else
+                      ". Run the baseline's blocks again beside them to pair them")
+                   + " (docs/measurement.md, \"Blocks\").")
     return [f"**Flags** — {' '.join(out)}", ""] if out else []
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 PROMPTS = r"(?:synthetic \d+-token|[\w-]+) prompts"
 ITEM = re.compile(r"`(?P<cfg>[^`]+)` (?P<ratio>[\d.]+)× (?:\[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]|\(no interval\)),? "
                   r"(?P<verdict>faster, within ±\d+%|slower, within ±\d+%|faster|slower|equivalent within ±\d+%|"
-                  r"inconclusive|not measurable|not compared: host busy|failed measurement: speculation never ran)")
+                  r"inconclusive|not measurable|no verdict: one launch per config|not compared: host busy|failed measurement: speculation never ran)")
 
 
 def _prompts(label: str) -> tuple[str, int | None]:

@@ -110,14 +110,15 @@ def test_inconclusive_says_how_many_blocks_would_decide():
         assert dec.blocks_to_decide is None or dec.blocks_to_decide > 3
 
 
-def test_block_orders_balance_positions_and_reverse_in_pairs():
-    orders = decide.block_order(["a", "b", "c"], 6, seed=1)
-    for cfg in "abc":
-        positions = sorted(o.index(cfg) for o in orders)
-        assert positions == [0, 0, 1, 1, 2, 2]
+def test_block_orders_reverse_in_pairs_and_vary_between_pairs():
+    orders = decide.block_order(["a", "b", "c", "d"], 40, seed=1)
     for even, odd in zip(orders[::2], orders[1::2]):
         assert odd == even[::-1]
-    assert decide.block_order(["a", "b", "c"], 6, seed=1) == orders
+        for cfg in "abcd":  # over a pair every config averages to the middle position
+            assert even.index(cfg) + odd.index(cfg) == 3
+    assert len({tuple(o) for o in orders[::2]}) > 5
+    assert decide.block_order(["a", "b", "c", "d"], 40, seed=1) == orders
+    assert decide.block_order(["a", "b", "c", "d"], 40, seed=2) != orders
 
 
 def test_spending_adds_up_to_alpha():

@@ -39,23 +39,21 @@ def test_every_config_ran_through_the_pipeline_with_its_layout():
 def test_verdicts(report):
     text, cells, speedup, noise = report
     # recorded before blocks: one launch per config, so every comparison is unpaired over rounds and says so
-    assert noise["blocks"] == 0 and noise["designs"] == {"one launch per config": 12}
+    # and its intervals leave launch-to-launch variation out: shown, never decided
+    assert noise["blocks"] == 0 and noise["undecided"] == 12 and noise["comparisons"] == 0
     sp = speedup.set_index(["config", "concurrency"])
-    assert sp.loc[("pp2", 1), "verdict"] == "slower" and sp.loc[("pp2", 1), "speedup_hi"] < 0.4
-    # pp2 at C=64 (0.54x [0.41, 0.73]) was "no measurable difference" under the old band rule; ep2 at C=64 is slower
-    assert sp.loc[("pp2", 64), "verdict"] == sp.loc[("ep2", 64), "verdict"] == "slower"
-    assert sp.loc[("dp2", 1), "speedup_lo"] > 1 and sp.loc[("dp2", 1), "verdict"] == "faster"
-    assert sp.loc[("dp2", 64), "verdict"] == "inconclusive"
+    assert (speedup["verdict"] == "no verdict: one launch per config").all()
+    assert sp.loc[("pp2", 1), "speedup_hi"] < 0.4 and sp.loc[("dp2", 1), "speedup_lo"] > 1
     assert "one launch per config, one config after another" in text
     assert set(cells["bottleneck"]) == {"host/launch-bound"}
     c64 = cells[cells.concurrency == 64].set_index("config")
     assert c64.loc["tp2", "gpm_nvlink_tx_mib_s"] > c64.loc["ep2", "gpm_nvlink_tx_mib_s"] > c64.loc["pp2", "gpm_nvlink_tx_mib_s"]
     assert (c64["gpm_nvlink_tx_mib_s"] < 50_000).all()  # below the communication-bound threshold
     # the only server-bound config at C=64, ranked with the three it left out named, not "the only config measured"
-    assert ("- ctx=1024 C=64: `ep2` 5926.6 (slower) tok/s. Left out: `dp2` (9456.5, client-bound: the client's pace, "
+    assert ("- ctx=1024 C=64: `ep2` 5926.6 (no verdict: one launch per config) tok/s. Left out: `dp2` (9456.5, client-bound: the client's pace, "
             "not the server's), `pp2` (5226.7, client-bound") in text and "the only config measured" not in text
     assert "`tp2` ctx=1024 C=64: client-bound in 2 of 3 repeats" in text
-    assert "- `pp2` on synthetic 1024-token prompts: C=1: 0.30× [0.25, 0.35] slower" in text
+    assert "- `pp2` on synthetic 1024-token prompts: C=1: 0.30× [0.25, 0.35] no verdict: one launch per config" in text
 
 
 def test_identity_under_parallelism_on_the_real_servers():

@@ -82,12 +82,12 @@ def test_48_request_cap_without_max_running_requests(report):
 def test_speedups_under_the_sweeps_rule(report):
     text, _, speedup = report
     s = speedup.set_index(["config", "ctx", "concurrency"])
-    assert (speedup[speedup.config == "ar-nograph"].verdict == "slower").all()
-    assert s.loc[("ngram", 1024, 1), "verdict"] == "faster" and round(s.loc[("ngram", 1024, 1), "speedup"], 2) == 2.34
-    assert s.loc[("ngram", 128, 1), "verdict"] == "faster"  # 1.98x [1.31, 3.00]: the old band rule missed it
-    # at C >= 16 one launch per config cannot tell (the intervals reach from below 1 to 1.5 and more)
-    assert set(s.loc["ngram"].query("concurrency > 1")["verdict"]) == {"inconclusive"}
+    # one launch per config: the ratios and their rounds' intervals are shown, nothing is decided
     assert (speedup["design"] == "one launch per config").all()
+    assert (speedup["verdict"] == "no verdict: one launch per config").all()
+    assert (speedup[speedup.config == "ar-nograph"].speedup_hi < 0.7).all()
+    assert round(s.loc[("ngram", 1024, 1), "speedup"], 2) == 2.34 and s.loc[("ngram", 128, 1), "speedup_lo"] > 1.3
+    assert "not decided (one launch per config)" in text
 
 
 def test_configs_packed_side_by_side_are_named(report):

@@ -54,9 +54,9 @@ def test_ngram_acceptance_on_real_text_and_its_speedups(report):
     text, cells, _ = report
     ngram = cells[cells.config == "ngram"].sort_values(["workload", "concurrency"])
     assert ngram.accept_length.round(2).tolist() == [3.39, 3.22, 4.37, 3.53]  # humaneval C=1, 16; sharegpt C=1, 16
-    assert ("- `ngram` on humaneval prompts: C=1: 1.57× [1.49, 1.65] faster; C=16: 0.74× [0.67, 0.81] slower."
+    assert ("- `ngram` on humaneval prompts: C=1: 1.57× [1.49, 1.65] no verdict: one launch per config; C=16: 0.74× [0.67, 0.81] no verdict: one launch per config."
             in text)
-    assert "sharegpt prompts, C=1: **`ngram`** is faster than `ar`" in text
+    assert "sharegpt prompts, C=1: not decided (one launch per config)" in text
     assert "random weights" not in text.lower()
 
 

@@ -72,15 +72,16 @@ def test_repeat_order_flagged_here_and_not_in_the_first_run(report, tmp_path):
 
 
 def test_two_runs_of_one_config(report):
-    """Every cell slower than the first run's, yet the two runs' verdicts agree: ngram faster at C = 1 on both
-    prompt sets, slower on HumanEval at C = 16 (the old band rule called that "no measurable difference" here), and
-    sharegpt at C = 16 inconclusive in the rerun (no contradiction: not decided)."""
+    """Every cell slower than the first run's; the ratios recorded with their rounds' intervals, undecided (one
+    launch per config in each run)."""
     text, cells, _ = report
     now = cells.set_index(["config", "workload", "concurrency"]).agg_output_tok_s
     then = pd.read_csv(FIRST / "report" / "cells.csv").set_index(["config", "workload", "concurrency"]).agg_output_tok_s
     assert (now < then).all() and len(now) == 8
-    assert "- `ngram` on humaneval prompts: C=1: 1.58× [1.30, 1.93] faster; C=16: 0.67× [0.50, 0.89] slower." in text
-    assert ("- `ngram` on sharegpt prompts: C=1: 1.77× [1.55, 2.01] faster; C=16: 1.21× [0.91, 1.61] inconclusive"
+    assert "- `ngram` on humaneval prompts: C=1: 1.58× [1.30, 1.93] no verdict: one launch per config; C=16: 0.67× [0.50, 0.89] no verdict: one launch per config." in text
+    assert ("- `ngram` on sharegpt prompts: C=1: 1.77× [1.55, 2.01] no verdict: one launch per config; C=16: 1.21× [0.91, 1.61] no verdict: one launch per config"
             in text)
     first = pd.read_csv(FIRST / "report" / "speedup.csv").set_index(["workload", "concurrency"])
-    assert first.loc[("humaneval", 16), "verdict"] == "slower" and first.loc[("sharegpt", 1), "verdict"] == "faster"
+    # neither run is decided (one launch per config each), but their intervals on HumanEval at C = 16 both lie
+    # below 1 and overlap: the runs do not contradict each other there
+    assert first.loc[("humaneval", 16), "speedup_hi"] < 1 and first.loc[("humaneval", 16), "speedup_lo"] < 0.89

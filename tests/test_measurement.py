@@ -195,7 +195,9 @@ def test_rows_recorded_before_blocks_are_one_launch_per_config():
     rep = _repeats({"ar": {1: 50}, "b": {1: 60}}, seed=9, cv=0.01).drop(columns=["block", "block_run"])
     rep["repeat"] = list(range(4)) * 2
     sp = aggregate.speedup_table(_cells(rep), rep, "ar", metas=_metas("ar", "b")).iloc[0]
-    assert sp["design"] == "one launch per config" and sp["verdict"] == "faster"
+    # its rounds' interval leaves launch-to-launch variation out: shown, never decided
+    assert sp["design"] == "one launch per config" and sp["verdict"] == "no verdict: one launch per config"
+    assert sp["speedup_lo"] > 1.1 and math.isnan(sp["mde"])
 
 
 def test_a_replicate_is_decided_on_its_own_and_listed_as_the_design_check():
