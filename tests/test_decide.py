@@ -125,3 +125,20 @@ def test_spending_adds_up_to_alpha():
     levels = decide.look_levels([4, 8, 12, 16], 0.05)
     assert sum(levels) == pytest.approx(0.05)
     assert levels[0] < levels[1] < levels[2]
+
+
+def test_adaptive_looks_spend_alpha_and_stop_when_the_first_screen_is_decided():
+    import pandas as pd
+
+    from servesweep import adaptive
+
+    looks = adaptive.plan([8, 4, 16, 12], 0.05)
+    assert [look.blocks for look in looks] == [4, 8, 12, 16]
+    assert sum(look.level for look in looks) == pytest.approx(0.05)
+    sp = pd.DataFrame({"config": ["b"] * 3, "workload": ["synthetic"] * 3, "ctx": [128] * 3,
+                       "load": ["concurrency"] * 3, "concurrency": [1, 4, 16], "family": ["sweep"] * 3,
+                       "verdict": ["inconclusive", "inconclusive", "faster"],
+                       "per_request_verdict": ["equivalent within ±5%", "inconclusive", "inconclusive"]})
+    assert adaptive.undecided(sp) == []  # C=1 per user and C=16 throughput are decided; C=4 is not on the screen
+    sp.loc[2, "verdict"] = "inconclusive"
+    assert adaptive.undecided(sp) == ["b synthetic ctx=128 C=16 throughput"]
