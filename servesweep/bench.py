@@ -189,7 +189,9 @@ async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, mat
     if synthetic:
         corpus = await tok(corpus_text(max(256, int(max(synthetic) * 1.3) + 64), seed=17))
         for ctx in synthetic:
-            sources[("synthetic", ctx)] = await SyntheticPrompts.build(tok, corpus, ctx)
+            sources[("synthetic", ctx)] = await SyntheticPrompts.build(
+                tok, corpus, ctx, output_tokens=matrix.output_tokens if matrix.output_jitter else None,
+                output_jitter=matrix.output_jitter)
     real = [w for w in matrix.workloads if w != "synthetic"]
     if real:
         from servesweep.workloads import sample_workload

@@ -312,6 +312,7 @@ class Matrix:
     burstiness: float = 1.0
     max_concurrency: int = 512
     arrival_seed: int = 0
+    output_jitter: float = 0.0
 
     @classmethod
     def from_config(cls, matrix: dict, workloads: list[str] | None = None,
@@ -340,6 +341,7 @@ class Matrix:
             burstiness=float(matrix["burstiness"]),
             max_concurrency=int(matrix["max_concurrency"]),
             arrival_seed=int(matrix["arrival_seed"]),
+            output_jitter=float(matrix["output_jitter"]),
         )
 
     def requests_for(self, concurrency: int) -> int:

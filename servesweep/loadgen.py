@@ -77,15 +77,20 @@ class SyntheticPrompts:
     length: int
     tag: int = 0
     output_tokens: int | None = None
+    # With a base ``output_tokens``: each request's output length drawn from [1 − j, 1 + j] × that, fixed by its index
+    # (the same in every config), so C fixed-length streams do not finish, and restart, in lock-step.
+    output_jitter: float = 0.0
 
     @classmethod
     async def build(cls, tokenize: Callable[[str], Awaitable[list[int]]], corpus_ids: list[int], length: int,
-                    tag: int = 0, output_tokens: int | None = None) -> "SyntheticPrompts":
+                    tag: int = 0, output_tokens: int | None = None,
+                    output_jitter: float = 0.0) -> "SyntheticPrompts":
         digits = []
         for d in range(10):
             digits.append(tuple(await tokenize(str(d))))
         return cls(tuple(await tokenize("Request")), tuple(digits), tuple(await tokenize("-")),
-                   tuple(await tokenize(". Continue the text:")), tuple(corpus_ids), length, tag, output_tokens)
+                   tuple(await tokenize(". Continue the text:")), tuple(corpus_ids), length, tag, output_tokens,
+                   output_jitter)
 
     def _number(self, value: int) -> list[int]:
         return [i for d in str(value) for i in self.digit_ids[int(d)]]
@@ -101,7 +106,15 @@ class SyntheticPrompts:
             while len(body) < need:
                 body += self.corpus_ids[start:start + need - len(body)]
                 start = 0
-        return Prompt(prefix + body, self.output_tokens, f"synthetic:{self.tag}:{index}")
+        return Prompt(prefix + body, self.output_length(index), f"synthetic:{self.tag}:{index}")
+
+    def output_length(self, index: int) -> int | None:
+        """Request ``index``'s output length: the base, or with ``output_jitter`` a length drawn from
+        [1 − j, 1 + j] × the base by a hash of (tag, index) — the same in every config and every run."""
+        if not self.output_jitter or not self.output_tokens:
+            return self.output_tokens
+        u = ((index * 2654435761 + self.tag * 40503) % 2 ** 32) / 2 ** 32
+        return max(1, round(self.output_tokens * (1 - self.output_jitter + 2 * self.output_jitter * u)))
 
 
 @dataclass(frozen=True)

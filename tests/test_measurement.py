@@ -342,3 +342,16 @@ def test_other_cpu_share():
     pct = other_cpu_pct((10.0, 5.0, 1.0), (11.6, 5.9, 1.3), 1.0)
     assert pct == pytest.approx(100 * 0.4 / cores)
     assert other_cpu_pct((10.0, 5.0, 1.0), (10.5, 5.4, 1.2), 1.0) == 0.0
+
+
+def test_output_jitter_spreads_lengths_the_same_way_in_every_config():
+    from servesweep.loadgen import SyntheticPrompts
+
+    plain = SyntheticPrompts((1,), tuple((d,) for d in range(10)), (2,), (3,), tuple(range(100, 200)), 32, tag=5)
+    assert {plain.get(i).output_tokens for i in range(50)} == {None}  # the spec's output_tokens
+    jit = SyntheticPrompts((1,), tuple((d,) for d in range(10)), (2,), (3,), tuple(range(100, 200)), 32, tag=5,
+                           output_tokens=64, output_jitter=0.25)
+    lengths = [jit.get(i).output_tokens for i in range(400)]
+    assert min(lengths) >= 48 and max(lengths) <= 80 and len(set(lengths)) > 25
+    assert abs(sum(lengths) / len(lengths) - 64) < 2
+    assert lengths == [jit.get(i).output_tokens for i in range(400)]  # fixed by the index
