@@ -96,6 +96,7 @@ def reduced_default() -> dict:
                             warmup={"seconds": 0.2, "requests_per_concurrency": 1},
                             measure={"seconds": 0.5, "requests_per_concurrency": 1, "min_requests": 2}, repeats=1)
     config["correctness"] = {"enabled": False}
+    config["design"] = {"blocks": 1}
     return config
 
 
