@@ -142,3 +142,20 @@ def test_adaptive_looks_spend_alpha_and_stop_when_the_first_screen_is_decided():
     assert adaptive.undecided(sp) == []  # C=1 per user and C=16 throughput are decided; C=4 is not on the screen
     sp.loc[2, "verdict"] = "inconclusive"
     assert adaptive.undecided(sp) == ["b synthetic ctx=128 C=16 throughput"]
+
+
+def test_variance_components_recover_a_known_split(capsys):
+    """benchmarks/variance_components.py on folders simulated with launch SD 6 % (plus a 5 % block effect shared by
+    both configs) and round SD 2 %: the round SD comes out near 2 % and the launch SD far above it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "variance_components.py"
+    spec = importlib.util.spec_from_file_location("variance_components", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    row = [line for line in out.splitlines() if line.startswith("| ar |")][0].split("|")
+    round_sd, launch_sd = float(row[5].strip(" %")), float(row[6].strip(" %"))
+    assert 1.2 < round_sd < 2.8 and launch_sd > 2 * round_sd
