@@ -58,9 +58,9 @@ def undecided(speedup: pd.DataFrame) -> list[str]:
             if verdict in (decide.INCONCLUSIVE, decide.NOT_MEASURABLE)]
 
 
-def run_look(look: Look, extra: list[str], snakemake: list[str]) -> float:
+def run_look(look: Look, extra: list[str], runner: list[str]) -> float:
     """One look: snakemake with ``design.blocks`` and ``decision.alpha`` set; returns its wall time in seconds."""
-    args = [*snakemake, "--cores", "1", "report", "--config", f"design={{blocks: {look.blocks}}}",
+    args = [*runner, "--cores", "1", "report", "--config", f"design={{blocks: {look.blocks}}}",
             f"decision={{alpha: {look.level!r}}}", *extra]
     print("+", " ".join(args), flush=True)
     t0 = time.monotonic()
@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alpha", type=float, default=0.05, help="the sweep's error rate over all looks (default 0.05)")
     ap.add_argument("--budget-min", type=float, default=60.0, help="stop before a look that would pass this many "
                     "minutes of measuring in all (default 60)")
-    ap.add_argument("snakemake_args", nargs="*", help="passed on to snakemake (after --), e.g. --configfile=X")
+    ap.add_argument("workflow_args", nargs="*", help="passed on to snakemake (after --), e.g. --configfile=X")
     args = ap.parse_args(argv)
     looks = plan([int(x) for x in args.looks.split(",")], args.alpha)
     spent, done_blocks = 0.0, 0
-    snakemake = [sys.executable, "-m", "snakemake"]
+    runner = [sys.executable, "-m", "snakemake"]
     for i, look in enumerate(looks):
         if done_blocks:
             per_block = spent / done_blocks
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stopping before {look.blocks} blocks: about {per_block:.0f} s per block would pass the "
                       f"{args.budget_min:g}-minute budget")
                 break
-        spent += run_look(look, args.snakemake_args, snakemake)
+        spent += run_look(look, args.workflow_args, runner)
         done_blocks = look.blocks
         left = undecided(pd.read_csv(SPEEDUP))
         print(f"look {i + 1} of {len(looks)}: {look.blocks} blocks, level {look.level:.4g}, {spent:.0f} s so far; "

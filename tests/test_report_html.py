@@ -22,7 +22,7 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 8
 class Stub:
     """Stands in for the `snakemake` object Snakemake renders captions with."""
     params = type("Params", (), {"baseline": "ar"})
-    config = {"baseline": "ar", "matrix": {"repeats": 3}, "server_configs": {"ar": {}, "ngram": {}}}
+    config = {"baseline": "ar", "matrix": {"repeats": 1}, "design": {"blocks": 4}, "server_configs": {"ar": {}, "ngram": {}}}
 
 
 def data_uri(data: bytes, mime: str) -> str:
