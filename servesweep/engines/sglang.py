@@ -275,6 +275,7 @@ def _verify_steps(d: dict, requests: list[dict]) -> float | None:
 class SGLangEngine(Engine):
     name = "sglang"
     label = "SGLang"
+    generated_tokens_metric = "sglang:generation_tokens_total"
 
     # --- configuration -----------------------------------------------------------------------------------
     options = OPTIONS
@@ -512,7 +513,12 @@ class SGLangEngine(Engine):
         out["graph_capture_unfinished"] = [p for p in begins if p not in out["graph_capture"]]
         return out
 
-    def cell_metrics(self, events, metrics_before, metrics_after, requests):
+    def chunks_are_tokens(self, sc):
+        # SGLang streams one chunk per decode step: one token without speculation (usage equals the chunks in every
+        # request of examples/h200-sglang-gemma's AR run), several with it.
+        return self.speculation_requested(sc.options) is None
+
+    def engine_cell_metrics(self, events, metrics_before, metrics_after, requests):
         decode = [e for e in events if e.kind == "decode"]
         batches = decode + [e for e in events if e.kind == "prefill"]
         with_graph = [e for e in decode if "graph" in e.fields]

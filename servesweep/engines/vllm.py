@@ -106,6 +106,7 @@ def _local_epoch(stamp: str) -> float:
 class VLLMEngine(Engine):
     name = "vllm"
     label = "vLLM"
+    generated_tokens_metric = "vllm:generation_tokens_total"
 
     options = OPTIONS
     positive_int_options = POSITIVE_INT_OPTIONS
@@ -254,7 +255,7 @@ class VLLMEngine(Engine):
             out["ready_at"] = ready.t
         return out
 
-    def cell_metrics(self, events, metrics_before, metrics_after, requests):
+    def engine_cell_metrics(self, events, metrics_before, metrics_after, requests):
         d = promtext.delta(metrics_before, metrics_after)
         stats = [e for e in events if e.kind == "stats"]
         failures = [e for e in events if e.kind == "failure"]
