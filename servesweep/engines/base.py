@@ -121,6 +121,9 @@ class Engine(abc.ABC):
     options: dict[str, tuple[str, str]] = {}
     positive_int_options: tuple[str, ...] = ()
     bool_options: tuple[str, ...] = ()
+    # Flags the pipeline sets itself in ``launch`` (or that would redirect what it measures), each with what it is
+    # for: a config may not set them through ``extra_args`` or ``options`` (``managed_flag_problems``).
+    managed_flags: dict[str, str] = {}
     host_needs = HostNeeds()
     # The JSON body of POST /tokenize: (text field, "add special tokens" field); special tokens are never added.
     tokenize_fields = ("prompt", "add_special_tokens")
@@ -131,7 +134,7 @@ class Engine(abc.ABC):
         """Every problem of one server config, run before any server starts: unknown or mistyped options first (the
         engine's own checks assume well-typed values), then the engine's checks against the sweep's ``matrix``, then
         the GPUs it needs against ``host_gpus`` (None: the host's count is not stated)."""
-        problems = self.option_problems(sc)
+        problems = self.option_problems(sc) + self.managed_flag_problems(sc)
         if problems:
             return problems
         problems = self.engine_problems(sc, matrix)
@@ -156,6 +159,33 @@ class Engine(abc.ABC):
             if k in opts and not isinstance(opts[k], bool):
                 problems.append((f"{key}.{k}", f"must be true or false, got {opts[k]!r}", "write true or false"))
         return problems
+
+    def managed_flag_problems(self, sc: ServerConfig) -> list[Problem]:
+        """A flag of :attr:`managed_flags` set through ``extra_args`` (``--port 8000`` or ``--port=8000``) or through
+        an option that spells it: the pipeline sets it (the port it waits on, the host it binds, the model it
+        checks), so the config's value would be silently overridden or would misdirect the run."""
+        problems = []
+        for i, arg in enumerate(sc.extra_args):
+            flag = str(arg).split("=", 1)[0]
+            if flag in self.managed_flags:
+                problems.append((f"server_configs.{sc.name}.extra_args[{i}]",
+                                 f"sets {flag}, which servesweep manages ({self.managed_flags[flag]})",
+                                 f"remove {flag} and its value from extra_args; {self._managed_fix(flag)}"))
+        for key in sc.options:
+            flag = self.options.get(key, ("", ""))[0]
+            if flag in self.managed_flags:
+                problems.append((f"server_configs.{sc.name}.options.{key}",
+                                 f"sets {flag}, which servesweep manages ({self.managed_flags[flag]})",
+                                 f"remove options.{key}; {self._managed_fix(flag)}"))
+        return problems
+
+    @staticmethod
+    def _managed_fix(flag: str) -> str:
+        if any(w in flag for w in ("model", "alias", "tokenizer", "hf", "load-format", "-m", "-a")):
+            return "the model comes from the config's `model` (models.<name>) and its served name from `served_name`"
+        if flag in ("--host", "--port", "--uds"):
+            return "the pipeline picks a free port on 127.0.0.1 for every launch and waits on it"
+        return "servesweep sets it for every launch; a server it cannot measure this way is not supported"
 
     def engine_problems(self, sc: ServerConfig, matrix: Matrix | None) -> list[Problem]:
         """The engine's own checks of a config whose options are known and well typed."""

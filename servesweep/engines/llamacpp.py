@@ -71,6 +71,15 @@ class LlamaCppEngine(Engine):
     positive_int_options = ("parallel", "ctx_size", "threads")
     tokenize_fields = ("content", "add_special")
     generated_tokens_metric = "llamacpp:tokens_predicted_total"
+    managed_flags = {
+        "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+        "--model": "the config's model file", "-m": "the config's model file", "--alias": "the served name",
+        "-a": "the served name", "--hf-repo": "the config's model", "-hf": "the config's model",
+        "--model-url": "the config's model", "-mu": "the config's model", "--metrics": "the engine counters",
+        "--log-timestamps": "the log the job parses", "--log-prefix": "the log the job parses",
+        "--api-key": "unauthenticated requests of the load generator", "--api-key-file": "unauthenticated requests",
+        "--path": "the API routes it calls", "--api-prefix": "the API routes it calls",
+    }
 
     def engine_problems(self, sc, matrix):
         opts, key = sc.options, f"server_configs.{sc.name}.options"

@@ -276,6 +276,13 @@ class SGLangEngine(Engine):
     name = "sglang"
     label = "SGLang"
     generated_tokens_metric = "sglang:generation_tokens_total"
+    managed_flags = {
+        "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+        "--model-path": "the config's model", "--model": "the config's model",
+        "--served-model-name": "the served name", "--tokenizer-path": "the model's tokenizer",
+        "--load-format": "the model's load_format", "--enable-metrics": "the engine counters",
+        "--api-key": "unauthenticated requests of the load generator",
+    }
 
     # --- configuration -----------------------------------------------------------------------------------
     options = OPTIONS

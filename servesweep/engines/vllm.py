@@ -107,6 +107,13 @@ class VLLMEngine(Engine):
     name = "vllm"
     label = "vLLM"
     generated_tokens_metric = "vllm:generation_tokens_total"
+    managed_flags = {
+        "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+        "--model": "the config's model", "--served-model-name": "the served name",
+        "--tokenizer": "the model's tokenizer", "--load-format": "the model's load_format",
+        "--api-key": "unauthenticated requests of the load generator", "--uds": "the TCP port it waits on",
+        "--root-path": "the API routes it calls",
+    }
 
     options = OPTIONS
     positive_int_options = POSITIVE_INT_OPTIONS
