@@ -228,8 +228,11 @@ def test_round_trip_into_a_fresh_venv_with_no_index(net_bundle, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for module in ("servesweep", "servesweep.bundle", "dateutil", "tabulate"):
         assert _installed(python, module), module
-    # llama-server was built from the bundled sdist through servesweep.engines.llamacpp_build, into the cache
-    server = tmp_path / "cache" / "llama.cpp-0.0.1-cpu" / "bin" / "llama-server"
+    # llama-server was built from the bundled sdist through servesweep.engines.llamacpp_build, into the cache, keyed
+    # by this node's instruction sets
+    from servesweep.engines.llamacpp_build import isa_key
+
+    server = tmp_path / "cache" / f"llama.cpp-0.0.1-cpu-{isa_key()}" / "bin" / "llama-server"
     assert server.exists()
     assert subprocess.run([str(server)], capture_output=True, text=True).stdout.strip() == "fake llama-server"
 
