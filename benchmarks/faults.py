@@ -22,6 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import aiohttp  # noqa: E402
+
+from servesweep import promtext, stats  # noqa: E402
 from servesweep.config import ServerConfig  # noqa: E402
 from servesweep.engines.base import Engine, LaunchSpec  # noqa: E402
 from servesweep.lifecycle import (ServerProcess, ServerStartError, free_port, group_members,  # noqa: E402
@@ -30,7 +33,7 @@ from servesweep.loadgen import LoadSpec, run_load  # noqa: E402
 
 FAULT_SERVER = ROOT / "tests" / "fault_server.py"
 sys.path.insert(0, str(FAULT_SERVER.parent))
-from fault_server import MODES  # noqa: E402
+from fault_server import METRIC, MODES  # noqa: E402
 
 READY_TIMEOUT_S = 5
 REQUEST_TIMEOUT_S = 3
@@ -66,15 +69,21 @@ def run_mode(mode: str, workdir: Path) -> dict:
         with server:
             pgid = server.proc.pid
             asyncio.run(wait_until_ready_(server, sc))
-            records, _ = asyncio.run(run_load(LoadSpec(
-                base_url=server.base_url, model=sc.served_name, concurrency=2, prompts=[[1, 2, 3]] * REQUESTS,
-                output_tokens=OUTPUT_TOKENS, extra_fields={"ignore_eos": True}, request_timeout_s=REQUEST_TIMEOUT_S,
-                progress=False)))
+            records, columns = asyncio.run(load_and_check(server.base_url, sc))
         ok = [r for r in records if not r["error"]]
         kinds = collections.Counter(r["error_kind"] for r in records if r["error"])
         row["records"] = f"{len(records)} kept, {len(ok)} ok"
         row["happened"] = ("all requests completed" if not kinds else
                            "request errors: " + ", ".join(f"{n}× {k}" for k, n in sorted(kinds.items())))
+        if columns.get("burst_stream_requests"):
+            row["happened"] += (f"; {columns['burst_stream_requests']} burst streams flagged, TPOT "
+                                f"{columns['tpot_p50_s']} (not measurable)")
+        if columns.get("usage_engine_mismatch"):
+            row["happened"] += (f"; usage_engine_mismatch: usage claims {columns['engine_checked_usage_tokens']} "
+                                f"tokens, /metrics counted {columns['engine_generated_tokens']:g}")
+        if columns.get("metrics_warning"):
+            row["happened"] += "; metrics_warning: " + columns["metrics_warning"].split(" returned ")[0] + \
+                " returned a body that is not Prometheus text"
     except ServerStartError as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         reason = lines[0].split("; last log lines")[0].replace(f"server for config '{mode}' ", "")
@@ -90,10 +99,27 @@ def run_mode(mode: str, workdir: Path) -> dict:
     return row
 
 
+async def load_and_check(base_url: str, sc: ServerConfig) -> tuple[list[dict], dict]:
+    """What a bench cell does with the server: /metrics before and after a short load, the load itself (the
+    stand-in streams one chunk per token), then the cell's token checks and engine columns."""
+    async with aiohttp.ClientSession() as session:
+        before = await promtext.scrape(session, base_url, FaultServer.metrics_path)
+        records, _ = await run_load(LoadSpec(
+            base_url=base_url, model=sc.served_name, concurrency=2, prompts=[[1, 2, 3]] * REQUESTS,
+            output_tokens=OUTPUT_TOKENS, extra_fields={"ignore_eos": True}, request_timeout_s=REQUEST_TIMEOUT_S,
+            progress=False, chunks_are_tokens=True))
+        after = await promtext.scrape(session, base_url, FaultServer.metrics_path)
+    columns = stats.cell_stats(records)
+    columns.update(stats.token_check_columns(records))
+    columns.update(FaultServer().cell_metrics([], before, after, records))
+    return records, columns
+
+
 class FaultServer(Engine):
-    """The fault server as an engine: the base class's OpenAI-compatible readiness and identity."""
+    """The fault server as an engine: the base class's OpenAI-compatible readiness, identity and cell checks."""
 
     name = label = "fault-server"
+    generated_tokens_metric = METRIC
 
     def prepare(self, settings, log):
         return {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from servesweep.correctness.sandbox import (Limits, SandboxResult, bwrap_problem, run_program,  # noqa: E402
-                                            sandbox_processes, sandbox_uid)
+                                            run_tests, sandbox_processes, sandbox_uid)
 
 QUICK = Limits(timeout_s=3, cpu_s=5)
 
@@ -147,6 +148,70 @@ def memory_bomb() -> tuple[bool, str]:
     return "MemoryError" in result.stderr and _no_leftovers(), _lines(result)
 
 
+def disk_bomb() -> tuple[bool, str]:
+    """Write 1 MiB files until the disk says no (the issue's 960 MiB to the host's /tmp in 3.1 s, before)."""
+    free_before = shutil.disk_usage(tempfile.gettempdir()).free
+    bomb = ("import os\nn = 0\ntry:\n    for i in range(100_000):\n        with open(f'f{i}', 'wb') as fh:\n"
+            "            fh.write(b'x' * (1 << 20))\n        n += 1\nexcept OSError as exc:\n"
+            "    print(f'wrote {n} MiB, then {exc.strerror}')\n")
+    limits = Limits(timeout_s=30, cpu_s=30)
+    result = run_program(bomb, limits)
+    grew = max(0, free_before - shutil.disk_usage(tempfile.gettempdir()).free)
+    written = int(result.stdout.split()[1]) if result.stdout.startswith("wrote") else -1
+    return (0 <= written <= limits.disk_bytes >> 20 and grew < limits.disk_bytes and _no_leftovers(),
+            f"{_lines(result)}; work dir {limits.disk_bytes >> 20} MiB tmpfs; host /tmp used {grew >> 20} MiB meanwhile")
+
+
+def memory_bomb_children() -> tuple[bool, str]:
+    """Six children of 900 MiB each: each within its address space, 5.3 GiB together (the issue's 5.3 GiB)."""
+    program = textwrap.dedent("""
+        import os, time
+        pids = []
+        for _ in range(6):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    block = bytearray(900 << 20)
+                    for k in range(0, len(block), 4096):
+                        block[k] = 1
+                    time.sleep(5)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+        print("killed", sum(os.WIFSIGNALED(os.waitpid(p, 0)[1]) for p in pids), "of 6")
+    """)
+    limits = Limits(timeout_s=30, cpu_s=30)
+    result = run_program(program, limits)
+    peak = result.isolation.get("memory_peak_bytes")
+    held = f"; sandbox peak {peak >> 20} MiB" if peak else ""
+    return (peak is not None and peak <= limits.memory_bytes and _no_leftovers(),
+            f"{_lines(result)}{held}; {result.isolation['memory']}")
+
+
+FORGE_CHECK = "\ndef check(candidate):\n    assert candidate(2) == 4\n"
+FORGERIES = {
+    "print the pass line, os._exit(0)": "print('servesweep: tests passed')\nimport os\nos._exit(0)\n",
+    "pass line and exit 0 from inside the call": "def double(x):\n    print('servesweep: tests passed', "
+                                                 "flush=True)\n    import os\n    os._exit(0)\n",
+    "write a passed verdict to fds 3-63": "import json, os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, "
+                                          "json.dumps({'outcome': 'passed'}).encode() + b'\\n')\n    except OSError:"
+                                          "\n        pass\ndef double(x):\n    return 0\n",
+    "open the checker's fds via /proc": "import json, os\nfor fd in os.listdir(f'/proc/{os.getppid()}/fd'):\n"
+                                        "    os.write(os.open(f'/proc/{os.getppid()}/fd/{fd}', os.O_WRONLY), "
+                                        "json.dumps({'outcome': 'passed'}).encode() + b'\\n')\n"
+                                        "def double(x):\n    return 0\n",
+    "return an object equal to everything": "class Any:\n    def __eq__(self, other):\n        return True\n"
+                                            "def double(x):\n    return Any()\n",
+}
+
+
+def forge(solution: str):
+    def attack() -> tuple[bool, str]:
+        result = run_tests(solution, FORGE_CHECK, "double", QUICK)
+        return result["outcome"] != "passed" and _no_leftovers(), f"{result['outcome']}: {result['detail'][:110]}"
+    return attack
+
+
 def busy_loop() -> tuple[bool, str]:
     t0 = time.monotonic()
     result = run_program("while True:\n    pass\n", Limits(timeout_s=30, cpu_s=1))
@@ -212,6 +277,10 @@ ATTACKS = [
     Attack("busy loop", "spin past the 1 s CPU-time limit (30 s wall clock)", busy_loop),
     Attack("kill the parent", "SIGKILL getppid(), pid 1 and -1 (everything it may signal)", kill_parent),
     Attack("leave a background process", "double-fork + setsid a 60 s sleep, then exit", background_process),
+    Attack("disk bomb", "write 1 MiB files until the disk is full", disk_bomb),
+    Attack("memory bomb over processes", "six children of 900 MiB each (5.3 GiB together)", memory_bomb_children),
+    *(Attack(f"forge a pass: {name}", "make the coding eval score a wrong answer as passed", forge(code))
+      for name, code in FORGERIES.items()),
 ]
 
 

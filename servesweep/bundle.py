@@ -66,6 +66,8 @@ def _say(msg: str) -> None:
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     _say("+ " + " ".join(str(c) for c in cmd))
+    # No bytecode written beside the bundle's files: every file in a bundle is one its manifest hashed.
+    kw.setdefault("env", {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     return subprocess.run([str(c) for c in cmd], text=True, **kw)
 
 
@@ -873,10 +875,13 @@ def verify_bundle(bundle: Path) -> dict:
     manifest = json.loads(mpath.read_text())
     problems = []
     listed = set()
+    root = bundle.resolve()
     for entry in manifest["files"]:
         listed.add(entry["name"])
         path = bundle / entry["name"]
-        if not path.is_file():
+        if not _inside(root, entry["name"]):
+            problems.append(f"manifest entry {entry['name']!r} is not a file inside the bundle")
+        elif not path.is_file():
             problems.append(f"missing file {entry['name']}")
         elif path.stat().st_size != entry["size"]:
             problems.append(f"{entry['name']}: {path.stat().st_size} bytes, the manifest says {entry['size']}")
@@ -884,11 +889,33 @@ def verify_bundle(bundle: Path) -> dict:
             problems.append(f"{entry['name']}: sha256 {digest}, the manifest says {entry['sha256']}")
     for path in bundle.rglob("*"):
         rel = path.relative_to(bundle).as_posix()
-        if path.is_file() and rel != MANIFEST and rel not in listed and "__pycache__" not in rel:
+        if (path.is_file() or path.is_symlink()) and rel != MANIFEST and rel not in listed:
             problems.append(f"{rel} is not in the manifest")
+    # What install hands to pip must be a file the manifest hashed: a package file outside the bundle (or one the
+    # manifest does not list) would be installed unchecked. Wheels taken from a base bundle are checked against the
+    # base's own manifest (``_BaseBundle``).
+    for package in manifest.get("packages", []):
+        if package.get("in_base"):
+            continue
+        name = str(package.get("file", ""))
+        if name not in listed or not _inside(root, name):
+            problems.append(f"package file {name!r} is not a hashed file inside the bundle")
     if problems:
         raise BundleError(f"{bundle}: " + "; ".join(problems) + " — nothing was installed")
     return manifest
+
+
+def _inside(root: Path, rel: str) -> bool:
+    """Whether the manifest name ``rel`` is a relative path that stays inside ``root`` (no absolute path, no
+    ``..``, no symbolic link leading out)."""
+    pure = Path(rel)
+    if not rel or pure.is_absolute() or ".." in pure.parts:
+        return False
+    try:
+        (root / pure).resolve().relative_to(root)
+    except ValueError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------------- install
@@ -985,6 +1012,10 @@ def _install_verified(bundle: Path, manifest: dict, args: argparse.Namespace, ba
     if ".".join(want.split(".")[:2]) != have:
         raise BundleError(f"the bundle is for Python {want}, this Python is {have} — nothing was installed; "
                           "build a bundle with --python-version " + have)
+    outside = [p["file"] for p in manifest["packages"] if p.get("in_base")
+               and (base is None or p["file"] not in base.files or not _inside(base.root.resolve(), p["file"]))]
+    if outside:
+        raise BundleError(f"package file(s) {outside} are not hashed files of the base bundle — nothing was installed")
     wheels = [(base.root if p.get("in_base") else bundle) / p["file"] for p in manifest["packages"]
               if not p.get("build_only")]
     no_deps = manifest.get("install_no_deps", True) if args.deps is None else not args.deps

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.resources
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from servesweep.workloads import most_requests
 # The schema ships inside the package (an installed wheel has no repository to read it from).
 SCHEMA_RESOURCE = importlib.resources.files("servesweep.data") / "schema.yaml"
 WILDCARD_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+HOST_NAME = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 MAX_CONTEXT_TOKENS = 1_048_576
 MAX_CONCURRENCY = 65_536
 
@@ -113,6 +115,10 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
         if not WILDCARD_SAFE.match(name):
             problems.append((f"server_configs.{name}", "name is not usable as a wildcard or file name",
                              "use letters, digits, '.', '_', '+', '-' and start with a letter or digit"))
+    host_name = (config.get("host") or {}).get("name")
+    if host_name is not None and not HOST_NAME.match(str(host_name)):
+        problems.append(("host.name", f"{host_name!r} is not a host name (it names files under results/env/)",
+                         "use letters, digits, '.', '_', '-', starting with a letter or digit, without '/' or '..'"))
     baseline = config.get("baseline")
     if baseline is not None and baseline not in configs:
         problems.append(("baseline", f"'{baseline}' is not a server config",
@@ -269,8 +275,86 @@ def expand_replicates(config: dict) -> tuple[dict, list[tuple[str, str, str]]]:
     return config, problems
 
 
+# A config is a few hundred values; YAML aliases nested in aliases (an "alias bomb") expand to billions. Beyond this
+# many values once every alias is expanded, the config is refused before anything copies or walks it in full.
+MAX_CONFIG_VALUES = 200_000
+
+
+def expanded_size(node, limit: int = MAX_CONFIG_VALUES) -> int:
+    """How many values ``node`` holds with every shared reference (YAML alias) counted each time it is used; counted
+    once per distinct object (memoised), so a bomb is measured in a few steps. Stops counting past ``limit``."""
+    memo: dict[int, int] = {}
+
+    def size(obj) -> int:
+        if not isinstance(obj, (dict, list, tuple)):
+            return 1
+        if id(obj) in memo:
+            return memo[id(obj)]
+        memo[id(obj)] = limit + 1  # a cycle counts as too large
+        items = obj.values() if isinstance(obj, dict) else obj
+        total = 1
+        for item in items:
+            total += size(item)
+            if total > limit:
+                break
+        memo[id(obj)] = total
+        return total
+
+    return size(node)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """A safe loader that refuses a document expanding to more than :data:`MAX_CONFIG_VALUES` values."""
+
+    def construct_document(self, node):
+        memo: dict[int, int] = {}
+
+        def size(n) -> int:
+            if id(n) in memo:
+                return memo[id(n)]
+            memo[id(n)] = MAX_CONFIG_VALUES + 1
+            if isinstance(n, yaml.MappingNode):
+                total = 1 + sum(size(k) + size(v) for k, v in n.value)
+            elif isinstance(n, yaml.SequenceNode):
+                total = 1 + sum(size(v) for v in n.value)
+            else:
+                total = 1
+            memo[id(n)] = min(total, MAX_CONFIG_VALUES + 1)
+            return memo[id(n)]
+
+        if size(node) > MAX_CONFIG_VALUES:
+            raise ConfigError([("<top level>", f"the YAML expands to more than {MAX_CONFIG_VALUES:,} values once its "
+                                "aliases are expanded (aliases nested in aliases)",
+                                "write the config out without nested aliases; a sweep needs a few hundred values")])
+        return super().construct_document(node)
+
+
+def load_yaml(text: str):
+    """``yaml.safe_load`` bounded: an alias bomb is refused (``ConfigError``) before it is expanded."""
+    return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def nonfinite_problems(node, path: tuple = ()) -> list[tuple[str, str, str]]:
+    """Every number that is NaN or infinite (``.nan``, ``.inf`` in YAML): no setting means either, and a NaN
+    compares false with every bound (``request_timeout_s: .nan`` timed every request out)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return [(_dotted(path), f"is {node!r}, not a finite number", "give a finite number")]
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in nonfinite_problems(v, (*path, k))]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in nonfinite_problems(v, (*path, i))]
+    return []
+
+
 def check_config(config: dict) -> dict:
     """Validate a raw config dict; return it with defaults filled. Raises ConfigError naming every bad key."""
+    if expanded_size(config) > MAX_CONFIG_VALUES:
+        raise ConfigError([("<top level>", f"holds more than {MAX_CONFIG_VALUES:,} values once its YAML aliases are "
+                            "expanded (aliases nested in aliases)",
+                            "write the config out without nested aliases; a sweep needs a few hundred values")])
+    problems = nonfinite_problems(config)
+    if problems:
+        raise ConfigError(problems)
     replaced = [(f"matrix.{key}", "is no longer a setting", f"use {fix}")
                 for key, fix in REPLACED_MATRIX_KEYS.items() if key in (config.get("matrix") or {})]
     if replaced:

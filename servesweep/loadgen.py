@@ -246,6 +246,9 @@ class LoadSpec:
     prompt_source: SyntheticPrompts | TextPrompts | None = None
     # An open-loop cell (with a window): sends follow this schedule instead of ``concurrency`` streams.
     arrivals: ArrivalPlan | None = None
+    # The engine's word that this config streams one chunk per generated token (no speculation, no coalescing;
+    # ``Engine.chunks_are_tokens``): a usage count well above the chunks streamed is then a lie (``usage_mismatch``).
+    chunks_are_tokens: bool = False
 
 
 class LoopLagMonitor:
@@ -540,7 +543,35 @@ ERROR_KINDS = {
                "them",
     "no_finish_reason": "a complete stream whose choices never gave a finish reason",
     "short_output": "fewer tokens than a fixed-length request (ignore_eos, min_tokens = max_tokens) asked for",
+    "usage_mismatch": "a usage count that cannot be true: negative or not a whole number, above max_tokens, below "
+                      "the token chunks streamed, or (a config that streams one chunk per token) far above them",
 }
+
+# A config whose chunks are its tokens may still stream fewer chunks than tokens: llama.cpp holds back a token that
+# ends inside a multi-byte character and sends its text with the next one. Usage above this many chunks is a lie
+# (the over-reporting fault server claims 10x).
+CHUNK_USAGE_SLACK = (1.25, 4)
+
+
+def usage_problem(reported, max_tokens: int | None, text_chunks: int, chunks_are_tokens: bool) -> str | None:
+    """Why a stream's ``usage.completion_tokens`` cannot be true, or None when it can: it is not a whole number
+    ≥ 0; it exceeds ``max_tokens`` (no request may generate more); it is below the chunks that carried text (each
+    carries at least one token); or, where the chunks are the tokens, it exceeds them beyond
+    :data:`CHUNK_USAGE_SLACK`."""
+    if reported is None:
+        return None
+    if isinstance(reported, bool) or not isinstance(reported, int) or reported < 0:
+        return f"usage.completion_tokens is {reported!r}, not a whole number ≥ 0"
+    if max_tokens is not None and reported > max_tokens:
+        return f"usage.completion_tokens {reported} exceeds the request's max_tokens {max_tokens}"
+    if reported < text_chunks:
+        return f"usage.completion_tokens {reported} is below the {text_chunks} chunks that streamed text"
+    factor, extra = CHUNK_USAGE_SLACK
+    if chunks_are_tokens and reported > factor * text_chunks + extra:
+        return (f"usage.completion_tokens {reported} but only {text_chunks} token chunks streamed, and this config "
+                "streams one chunk per token")
+    return None
+
 
 
 def _fail(rec: dict, kind: str, message: str) -> None:
@@ -646,6 +677,10 @@ async def stream_one(target: _Target, spec: LoadSpec, prompt, index: int) -> dic
     if not rec.get("finish_reason"):
         _fail(rec, "no_finish_reason", "stream ended without a finish reason")
     wanted = rec["requested_output_tokens"]
+    lie = usage_problem(rec["usage_completion_tokens"], wanted, len(rec["chunks"]), spec.chunks_are_tokens)
+    if lie:
+        _fail(rec, "usage_mismatch", lie)
+        return rec
     if fixed_length(spec, wanted) and (counted or rec["completion_tokens"] is not None):
         got = rec["completion_tokens"] if rec["completion_tokens"] is not None else 0
         if got < wanted:

@@ -67,7 +67,54 @@ def materialise(name: str, model: dict, dest_dir: Path, source_manifests: dict |
         manifest.update(convert_gguf(name, source["gguf_to_hf"], dest_dir, source_manifests or {}))
     else:
         manifest.update(fetch(name, model, dest_dir))
+    problems = format_problems(Path(manifest["path"]), manifest["format"], manifest["load_format"])
+    if problems:
+        raise ValueError(f"config key `models.{name}.format` is {manifest['format']}, but "
+                         + "; ".join(problems) + " — fix: point the source at the model's real files, or correct "
+                         "`format` (gguf: one .gguf file; hf: a Hugging Face folder)")
     return manifest
+
+
+GGUF_MAGIC = b"GGUF"
+# A safetensors file opens with the length of its JSON header (8 bytes, little-endian); real headers are kilobytes
+# to a few megabytes.
+SAFETENSORS_HEADER_MAX = 100 << 20
+
+
+def format_problems(path: Path, fmt: str, load_format: str = "auto") -> list[str]:
+    """Why the files at ``path`` are not a model of format ``fmt`` (none when they are): a GGUF file must start
+    with the GGUF magic; every ``.safetensors`` file must open with a JSON header of a length that fits the file.
+    Found at download, not when a server fails to load them. A ``load_format: dummy`` model has no weights."""
+    path = Path(path)
+    if load_format == "dummy":
+        return []
+    problems = []
+    if fmt == "gguf":
+        files = [path] if path.is_file() else sorted(path.rglob("*.gguf"))
+        if not files:
+            return [f"{path} holds no .gguf file"]
+        for f in files:
+            with open(f, "rb") as fh:
+                head = fh.read(4)
+            if head != GGUF_MAGIC:
+                problems.append(f"{f} is not a GGUF file (it starts with {head!r}, not {GGUF_MAGIC!r})")
+        return problems
+    for f in ([path] if path.is_file() else sorted(path.rglob("*.safetensors"))):
+        if f.suffix != ".safetensors":
+            continue
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            raw = fh.read(8)
+            n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+            ok = 2 <= n <= min(size - 8, SAFETENSORS_HEADER_MAX)
+            if ok:
+                try:
+                    ok = isinstance(json.loads(fh.read(n)), dict)
+                except ValueError:
+                    ok = False
+        if not ok:
+            problems.append(f"{f} is not a safetensors file (no JSON header of a length that fits the file)")
+    return problems
 
 
 CONVERTED_STAMP = ".converted.json"

@@ -1,19 +1,63 @@
-"""Prometheus text exposition: parse with prometheus_client's parser and difference counters at cell boundaries."""
+"""Prometheus text exposition: parse with prometheus_client's parser and difference counters at cell boundaries.
+
+A body that is not Prometheus text (a proxy's HTML page, a JSON error) is never fatal: it parses as no samples, and
+:func:`problem` says what it was and where it came from, for the cell's ``metrics_warning``.
+"""
 from __future__ import annotations
+
+import logging
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+log = logging.getLogger(__name__)
 
-def parse_samples(text: str | None) -> dict[tuple[str, tuple], float]:
-    """{(sample name, sorted label items): value}. Sample names keep their suffix (``_total``, ``_sum``…)."""
-    out: dict[tuple[str, tuple], float] = {}
-    if not text:
+
+class MetricsText(str):
+    """A scraped exposition that remembers its ``url`` (so a body that does not parse can be named)."""
+
+    url: str = ""
+
+    @classmethod
+    def at(cls, text: str, url: str) -> "MetricsText":
+        out = cls(text)
+        out.url = url
         return out
+
+
+def _parse(text: str) -> dict[tuple[str, tuple], float]:
+    out: dict[tuple[str, tuple], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
     return out
+
+
+def problem(text: str | None) -> str | None:
+    """Why ``text`` is not a Prometheus exposition (naming its endpoint when it was scraped), or None when it parses
+    (or is absent: a missing scrape is no body to judge)."""
+    if not text:
+        return None
+    try:
+        _parse(text)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        where = getattr(text, "url", "") or "the metrics endpoint"
+        head = " ".join(text[:60].split())
+        return (f"{where} returned a body that is not Prometheus text ({head!r}…: {type(exc).__name__}: "
+                f"{str(exc)[:80]}); this cell has no engine counters — fix: point the engine's metrics at a "
+                "Prometheus endpoint (or check what answers in front of the server)")
+    return None
+
+
+def parse_samples(text: str | None) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted label items): value}. Sample names keep their suffix (``_total``, ``_sum``…).
+    A body that does not parse gives no samples (:func:`problem` says why)."""
+    if not text:
+        return {}
+    try:
+        return _parse(text)
+    except (ValueError, TypeError, IndexError, KeyError):
+        return {}
 
 
 def delta(before: str | None, after: str | None) -> dict[tuple[str, tuple], float]:
@@ -43,8 +87,15 @@ async def scrape(session: aiohttp.ClientSession, base: str, path: str | None) ->
     a missing scrape leaves the counters it would have fed empty, never zero."""
     if not path:
         return None
+    url = base + path
     try:
-        async with session.get(base + path) as resp:
-            return await resp.text() if resp.status == 200 else None
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                return None
+            text = MetricsText.at(await resp.text(errors="replace"), url)
     except aiohttp.ClientError:
         return None
+    trouble = problem(text)
+    if trouble:
+        log.warning("%s", trouble)
+    return text

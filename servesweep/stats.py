@@ -99,10 +99,27 @@ def token_arrivals(rec: dict) -> list[tuple[float, float]]:
             merged.append([t, float(n)])
     counted = sum(n for _, n in merged)
     total = rec.get("completion_tokens")
-    if total and counted and total != counted:
+    if isinstance(total, (int, float)) and total > 0 and counted and total != counted:
         scale = total / counted
         merged = [[t, n * scale] for t, n in merged]
     return [(t, n) for t, n in merged]
+
+
+# A stream whose tokens came faster than this per token after the first did not stream: the server sent the whole
+# answer at once (one write) and the gaps between reads are the client's, not the decoder's. The fastest real stream
+# in the recorded H200 runs (examples/, SGLang NGRAM on Gemma-3-270M) came at 131 µs per token; 20 µs is 50,000 tok/s
+# per user.
+BURST_TPOT_S = 20e-6
+
+
+def is_burst(arrivals: list[tuple[float, float]]) -> bool:
+    """Whether a request's token arrivals (``token_arrivals``) are a burst: two or more tokens, all in one read, or
+    arriving faster than :data:`BURST_TPOT_S` per token after the first — its per-token timing is not measurable."""
+    n_out = sum(n for _, n in arrivals)
+    if n_out < 2:
+        return False
+    span = arrivals[-1][0] - arrivals[0][0]
+    return len(arrivals) == 1 or span / (n_out - 1) < BURST_TPOT_S
 
 
 def request_timings(rec: dict) -> dict:
@@ -114,14 +131,19 @@ def request_timings(rec: dict) -> dict:
       (tokens that came with the first arrival count as gap 0), so their mean equals TPOT.
     - Per-chunk ITL: the gaps between arrivals themselves, what vLLM's and SGLang's clients call ITL; with several
       tokens per chunk it is larger than the per-token figure.
+    - A burst stream (``is_burst``): TTFT and E2E only; TPOT, ITL and decode tok/s are not measurable (NaN, none),
+      and ``burst`` is True.
     """
     out: dict = {"ttft_s": math.nan, "e2e_s": math.nan, "tpot_s": math.nan, "itl_token_s": [], "itl_chunk_s": [],
-                 "decode_tok_s": math.nan}
+                 "decode_tok_s": math.nan, "burst": False}
     arrivals = token_arrivals(rec)
     if rec.get("error") or not arrivals:
         return out
     send, end = rec["send"], rec["end"]
     first, last = arrivals[0][0], arrivals[-1][0]
+    if is_burst(arrivals):
+        out.update(ttft_s=first - send, e2e_s=end - send, burst=True)
+        return out
     n_out = sum(n for _, n in arrivals)
     per_token = [0.0] * max(int(round(arrivals[0][1])) - 1, 0)
     per_chunk = []
@@ -204,8 +226,33 @@ def window_stats(records: list[dict], t_start: float, t_end: float) -> dict:
         "warmup_requests": sum(1 for r in records if r["send"] < t_start),
         "drain_requests": sum(1 for r in records if r["send"] >= t_end),
     }
+    stats.update(token_check_columns(inside))
     stats.update(_latency_columns(ok))
     return stats
+
+
+def token_check_columns(records: list[dict]) -> dict:
+    """How far a cell's token counts can be trusted, over its measured requests:
+
+    - ``usage_mismatch_requests``: requests whose usage count could not be true (error kind ``usage_mismatch``:
+      negative, above max_tokens, below the chunks streamed, …).
+    - ``burst_stream_requests``: successful requests whose whole stream came at once (``is_burst``); their per-token
+      timing is left out of TPOT and ITL.
+    - ``usage_tokens``, ``usage_chunks``: the usage counts and the token chunks of the successful requests that
+      reported usage, and ``usage_tokens_per_chunk`` their ratio (1 for a config that streams a chunk per token; more
+      where a chunk carries several, as with speculation; NaN without usage).
+    """
+    ok = [r for r in records if not r.get("error")]
+    reported = [r for r in ok if isinstance(r.get("usage_completion_tokens"), int)]
+    usage = sum(r["usage_completion_tokens"] for r in reported)
+    chunks = sum(len(r.get("chunks") or []) for r in reported)
+    return {
+        "usage_mismatch_requests": sum(1 for r in records if r.get("error_kind") == "usage_mismatch"),
+        "burst_stream_requests": sum(1 for r in ok if is_burst(token_arrivals(r))),
+        "usage_tokens": usage,
+        "usage_chunks": chunks,
+        "usage_tokens_per_chunk": usage / chunks if chunks else math.nan,
+    }
 
 
 def arrival_stats(records: list[dict], t_start: float, t_end: float, rate: float) -> dict:
@@ -353,7 +400,8 @@ CI_COLUMNS = (
 )
 # Summed over repeats rather than averaged.
 COUNT_COLUMNS = ("requests", "errors", "warmup_requests", "drain_requests", "output_tokens", "prompt_tokens",
-                 "unsent_at_close")
+                 "unsent_at_close", "usage_mismatch_requests", "burst_stream_requests", "usage_tokens",
+                 "usage_chunks", "engine_generated_tokens", "engine_checked_usage_tokens")
 # A cell: its prompts, and its load — closed-loop at ``concurrency`` (``request_rate`` NaN) or open-loop at
 # ``request_rate`` req/s (``concurrency`` NaN; its cap on requests in flight is ``max_concurrency``).
 CELL_KEYS = ("workload", "ctx", "load", "concurrency", "request_rate")

@@ -71,13 +71,14 @@ def warm_host(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, o
 
     from servesweep.config import ServerConfig
     from servesweep.engines import get_engine
-    from servesweep.lifecycle import ServerProcess, claim_launch, lease_for_config, wait_until_ready
+    from servesweep.lifecycle import ServerProcess, claim_launch, lease_for_config, lease_settings, wait_until_ready
 
     sc = ServerConfig.from_config(cfg_name, config)
     engine = get_engine(sc.engine)
     world = engine.world_size(sc.options)
     lease, gpus = lease_for_config(Path(servers_dir), sc.env, world,
-                                   exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False))
+                                   exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False),
+                                   **lease_settings(config))
     try:
         spec, _port, reaped = claim_launch(servers_dir, gpus, engine, sc, Path(manifest["path"]), engine_facts)
         dirs = engine.cache_dirs(spec.env)

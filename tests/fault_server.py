@@ -2,7 +2,8 @@
 
 Standard library only; a real process on 127.0.0.1. Without a fault it answers ``/health`` (503 for the first
 0.3 s, then 200), ``/v1/models`` (``fault-model``) and ``/v1/completions``: a one-shot JSON answer, or for
-``"stream": true`` a chunked event stream of ``max_tokens`` one-token events, a usage event and ``[DONE]``.
+``"stream": true`` a chunked event stream of ``max_tokens`` one-token events (2 ms apart), a usage event and
+``[DONE]``; ``/metrics`` counts the tokens it streamed.
 Faults hit the streamed completions (the measured requests), so that readiness — which asks for one token without
 streaming — still passes and the load generator meets the fault.
 
@@ -29,9 +30,22 @@ MODES = {
     "slow-first-byte": "the first byte of each stream comes after 1 s, then one byte at a time",
     "close-keepalive": "announces keep-alive, then closes each connection right after its response",
     "log-flood": "writes ~2000 unknown log lines a second while it serves normally",
+    "over-usage": "streams max_tokens tokens but reports 10x as many in usage",
+    "negative-usage": "streams max_tokens tokens but reports a negative usage count",
+    "usage-over-metrics": "streams and reports max_tokens tokens, but its own /metrics token counter never moves",
+    "burst": "sends each whole stream in one write (every token in one read)",
+    "metrics-html": "/metrics answers 200 with an HTML page",
+    "metrics-json": "/metrics answers 200 with a JSON body",
 }
 
+# /metrics (Prometheus text): the tokens this server streamed, the counter the usage counts are checked against.
+METRIC = "fault:generated_tokens_total"
+GENERATED = [0]
+GENERATED_LOCK = threading.Lock()
+
 SLOW_FIRST_BYTE_S = 1.0
+# A decoder takes time per token: without a gap every stream would arrive as a burst (stats.is_burst).
+TOKEN_GAP_S = 0.002
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -56,6 +70,14 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             ready = MODE != "never-ready" and time.time() - STARTED > 0.3
             self._send(200 if ready else 503, json.dumps({"status": "ok" if ready else "loading"}).encode())
+        elif self.path == "/metrics":
+            if MODE == "metrics-html":
+                self._send(200, b"<!DOCTYPE html><html><body><h1>Sign in to continue</h1></body></html>", "text/html")
+            elif MODE == "metrics-json":
+                self._send(200, json.dumps({"generated_tokens": GENERATED[0]}).encode())
+            else:
+                self._send(200, f"# TYPE {METRIC[:-6]} counter\n{METRIC} {GENERATED[0]}\n".encode(),
+                           "text/plain; version=0.0.4")
         elif self.path == "/v1/models":
             self._send(200, json.dumps({"data": [{"id": "other-model" if MODE == "wrong-model"
                                                   else "fault-model"}]}).encode())
@@ -82,6 +104,7 @@ class Handler(BaseHTTPRequestHandler):
         if MODE == "slow-first-byte":
             time.sleep(SLOW_FIRST_BYTE_S)
         n = int(body.get("max_tokens", 8))
+        frames = []
         for i in range(n):
             if MODE == "die-mid-stream" and i == 2:
                 os._exit(1)
@@ -91,10 +114,24 @@ class Handler(BaseHTTPRequestHandler):
             data = b"data: " + json.dumps(event).encode() + b"\n\n"
             if MODE == "malformed-sse" and i == 1:
                 data = b"data: {not json at all\n\n"
-            self._chunk(data)
-        usage = {"choices": [], "usage": {"prompt_tokens": len(body.get("prompt") or []), "completion_tokens": n}}
-        self._chunk(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
-        self.wfile.write(b"0\r\n\r\n")
+            if MODE == "burst":
+                frames.append(data)
+            else:
+                if i:
+                    time.sleep(TOKEN_GAP_S)
+                self._chunk(data)
+            if MODE != "usage-over-metrics":
+                with GENERATED_LOCK:
+                    GENERATED[0] += 1
+        reported = {"over-usage": 10 * n, "negative-usage": -n}.get(MODE, n)
+        usage = {"choices": [], "usage": {"prompt_tokens": len(body.get("prompt") or []),
+                                          "completion_tokens": reported}}
+        frames.append(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        if MODE == "burst":  # every event and the end of the body in one write
+            self.wfile.write(b"".join(f"{len(d):x}\r\n".encode() + d + b"\r\n" for d in frames) + b"0\r\n\r\n")
+        else:
+            self._chunk(frames[-1])
+            self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
         if MODE == "close-keepalive":
             self.close_connection = True

@@ -228,8 +228,11 @@ def test_round_trip_into_a_fresh_venv_with_no_index(net_bundle, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for module in ("servesweep", "servesweep.bundle", "dateutil", "tabulate"):
         assert _installed(python, module), module
-    # llama-server was built from the bundled sdist through servesweep.engines.llamacpp_build, into the cache
-    server = tmp_path / "cache" / "llama.cpp-0.0.1-cpu" / "bin" / "llama-server"
+    # llama-server was built from the bundled sdist through servesweep.engines.llamacpp_build, into the cache, keyed
+    # by this node's instruction sets
+    from servesweep.engines.llamacpp_build import isa_key
+
+    server = tmp_path / "cache" / f"llama.cpp-0.0.1-cpu-{isa_key()}" / "bin" / "llama-server"
     assert server.exists()
     assert subprocess.run([str(server)], capture_output=True, text=True).stdout.strip() == "fake llama-server"
 
@@ -317,3 +320,54 @@ def test_add_on_round_trip_takes_shared_wheels_from_the_base_parts(net_bundle, t
     assert proc.returncode == 0, proc.stderr[-3000:]
     for module in ("tabulate", "dateutil", "idna", "servesweep"):
         assert _installed(python, module), module
+
+
+def _rewrite_manifest(copy, change):
+    import json
+
+    path = copy / bundle.MANIFEST
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_a_package_file_outside_the_bundle_is_refused(own_bundle, tmp_path):
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(own_bundle, copy)
+    outside = tmp_path / "evil-1.0-py3-none-any.whl"
+    outside.write_bytes(b"a wheel nobody hashed")
+
+    def point_outside(manifest):
+        manifest["packages"][0]["file"] = "../evil-1.0-py3-none-any.whl"
+    _rewrite_manifest(copy, point_outside)
+    with pytest.raises(bundle.BundleError, match=r"package file '\.\./evil-1\.0-py3-none-any\.whl' is not a hashed "
+                                                 r"file inside the bundle"):
+        bundle.verify_bundle(copy)
+
+
+def test_a_manifest_entry_outside_the_bundle_is_refused(own_bundle, tmp_path):
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(own_bundle, copy)
+    (tmp_path / "x").write_text("x")
+
+    def add_outside(manifest):
+        manifest["files"].append({"name": "../x", "size": 1, "sha256": bundle.sha256_file(tmp_path / "x")})
+    _rewrite_manifest(copy, add_outside)
+    with pytest.raises(bundle.BundleError, match=r"manifest entry '\.\./x' is not a file inside the bundle"):
+        bundle.verify_bundle(copy)
+
+
+def test_pycache_files_are_not_exempt_from_the_hash_check(own_bundle, tmp_path):
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(own_bundle, copy)
+    (copy / "wheels" / "__pycache__").mkdir()
+    (copy / "wheels" / "__pycache__" / "sitecustomize.cpython-311.pyc").write_bytes(b"unhashed")
+    with pytest.raises(bundle.BundleError, match=r"wheels/__pycache__/sitecustomize.cpython-311.pyc is not in the "
+                                                 r"manifest"):
+        bundle.verify_bundle(copy)

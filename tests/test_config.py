@@ -202,3 +202,86 @@ def test_a_pool_is_checked_against_each_configs_own_workloads(default_config):
     del default_config["server_configs"]["ar"]["workloads"]
     problems, _ = problems_of(default_config)
     assert "17400 usable conversations" in problems[0][1] and "from matrix.workloads" in problems[0][2]
+
+
+@pytest.mark.parametrize("args, flag", [(["--host", "0.0.0.0"], "--host"), (["--port=9999"], "--port"),
+                                        (["-m", "/tmp/other.gguf"], "-m"), (["--alias", "x"], "--alias")])
+def test_managed_flag_in_extra_args_is_refused(default_config, args, flag):
+    default_config["server_configs"]["ar"]["extra_args"] = ["--threads-http", "2", *args]
+    problems, text = problems_of(default_config)
+    key = f"server_configs.ar.extra_args[2]"
+    assert problems[0][0] == key and f"sets {flag}, which servesweep manages" in problems[0][1]
+    assert f"remove {flag}" in problems[0][2]
+
+
+@pytest.mark.parametrize("engine, options, extra, key", [
+    ("sglang", {}, ["--served-model-name", "x"], "extra_args[0]"),
+    ("vllm", {}, ["--api-key", "s3cret"], "extra_args[0]"),
+    ("vllm", {}, ["--host=0.0.0.0"], "extra_args[0]")])
+def test_managed_flags_of_gpu_engines(engine, options, extra, key):
+    from servesweep.engines import get_engine
+
+    sc = ServerConfig(name="c", engine=engine, model_name="m", model={"format": "hf"}, options=options,
+                      extra_args=extra)
+    problems = get_engine(engine).managed_flag_problems(sc)
+    assert [p[0] for p in problems] == [f"server_configs.c.{key}"]
+
+
+def test_unmanaged_extra_args_pass(default_config):
+    default_config["server_configs"]["ar"]["extra_args"] = ["--threads-http", "2", "--hostile-name-but-fine"]
+    check_config(default_config)
+
+
+@pytest.mark.parametrize("key_path, value", [(("server_configs", "ar", "request_timeout_s"), float("nan")),
+                                             (("matrix", "warmup", "seconds"), float("inf"))])
+def test_nonfinite_numbers_are_refused(default_config, key_path, value):
+    node = default_config
+    for k in key_path[:-1]:
+        node = node.setdefault(k, {})
+    node[key_path[-1]] = value
+    problems, text = problems_of(default_config)
+    assert problems == [(".".join(key_path), f"is {value!r}, not a finite number", "give a finite number")]
+
+
+def test_nan_from_yaml_is_refused(default_config):
+    from servesweep.config import load_yaml
+
+    default_config["server_configs"]["ar"]["request_timeout_s"] = "NAN-HERE"
+    text = yaml.safe_dump(default_config).replace("NAN-HERE", ".nan")
+    problems, _ = problems_of(load_yaml(text))
+    assert problems[0][0].endswith("request_timeout_s") and "finite" in problems[0][1]
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8))
+
+
+def test_alias_bomb_is_refused_quickly(default_config):
+    import time
+
+    from servesweep.config import load_yaml
+
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load_yaml(BOMB)  # 10^9 values once expanded
+    assert "aliases" in str(info.value) and time.monotonic() - t0 < 1.0
+    # The same structure loaded by another loader (Snakemake's) is refused by the check, before anything copies it.
+    default_config["matrix"]["bomb"] = yaml.safe_load(BOMB)
+    t0 = time.monotonic()
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "<top level>" and "aliases" in problems[0][1] and time.monotonic() - t0 < 1.0
+
+
+def test_plain_aliases_still_load():
+    from servesweep.config import load_yaml
+
+    assert load_yaml("x: &a [--disable-custom-all-reduce]\ny: *a\n") == {"x": ["--disable-custom-all-reduce"],
+                                                                       "y": ["--disable-custom-all-reduce"]}
+    assert all(load_yaml((ROOT / "config" / f).read_text()) for f in ("2xh200-moe.yaml", "8xh200-kimi-shape.yaml"))
+
+
+@pytest.mark.parametrize("name", ["../../../tmp/x", "a/b", "..", "node..1", "/etc"])
+def test_host_name_must_be_a_name(default_config, name):
+    default_config.setdefault("host", {})["name"] = name
+    problems, _ = problems_of(default_config)
+    assert problems[0][0] == "host.name" and "'/'" in problems[0][2]

@@ -101,3 +101,20 @@ def test_dummy_weights_and_disabled_checks_are_skipped_with_a_reason(tmp_path):
     assert "dummy" in summary["skipped"]
     assert "dummy" in json.loads(outputs.coding_eval_json.read_text())["skipped"]
     assert outputs.greedy_jsonl.read_text() == ""
+
+
+def test_canonical_solutions_pass_through_the_checkers_stand_ins():
+    """The tests run in the checker process against stand-ins of the answer's functions: canonical answers still
+    pass, the prompt's helpers (HumanEval/32's poly, /38's encode_cyclic, /50's encode_shift) included."""
+    from servesweep.correctness.humaneval import all_problems, score
+    from servesweep.correctness.sandbox import Limits
+
+    ids = ["HumanEval/2", "HumanEval/23", "HumanEval/28", "HumanEval/45", "HumanEval/53", "HumanEval/32",
+           "HumanEval/38", "HumanEval/50", "HumanEval/10", "HumanEval/151", "HumanEval/160", "HumanEval/4"]
+    problems = [all_problems()[i] for i in ids]
+    result = score(problems, [{"text": p["canonical_solution"], "finish_reason": "stop"} for p in problems],
+                   Limits(timeout_s=10))
+    assert result["pass_at_1"] == 1.0, [r for r in result["results"] if r["outcome"] != "passed"]
+    forged = score(problems[:1], [{"text": "    print('servesweep: tests passed')\n    import os\n    os._exit(0)\n",
+                                   "finish_reason": "stop"}], Limits(timeout_s=10))
+    assert forged["pass_at_1"] == 0.0

@@ -207,6 +207,51 @@ def test_host_lease_serialises_jobs_on_one_resource(tmp_path):
     assert HostLease(tmp_path, gpus=[], cpu_engine=True, exclusive_cpu=False).paths == []
 
 
+def test_host_lease_is_host_wide_across_checkouts(tmp_path, monkeypatch):
+    """Two runs from different checkouts (records dirs) on one host share the lease folder: the second takes turns,
+    or with when_busy=refuse fails at once naming the holder and the key."""
+    from servesweep.lifecycle import HostBusy, lease_for_config
+
+    locks = tmp_path / "host-locks"
+    monkeypatch.setenv("SERVESWEEP_LOCK_DIR", str(locks))
+    holder = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from servesweep.lifecycle import lease_for_config
+        lease, _ = lease_for_config({str(tmp_path / "checkout-a" / ".servers")!r}, {{}}, 0)
+        print(lease.paths[0], flush=True)
+        time.sleep(1.5)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "SERVESWEEP_LOCK_DIR": str(locks)})
+    held = Path(proc.stdout.readline().strip())
+    assert held.parent == locks and held.name.endswith("-cpu.lock")
+    other = tmp_path / "checkout-b" / ".servers"
+    t0 = time.monotonic()
+    with pytest.raises(HostBusy) as info:
+        lease_for_config(other, {}, 0, when_busy="refuse")
+    assert time.monotonic() - t0 < 0.5 and "host.when_busy" in str(info.value) and str(held) in str(info.value)
+    assert str(proc.pid) in str(info.value)  # the holder's pid, as it wrote it
+    waited = []
+    lease, _ = lease_for_config(other, {}, 0, on_wait=waited.append)
+    assert waited == [held] and lease.waited_s > 0.5
+    lease.release()
+    proc.wait(timeout=10)
+    assert not (other / "locks").exists()
+
+
+def test_host_lock_dir_from_the_config_then_the_environment(tmp_path, monkeypatch):
+    from servesweep.lifecycle import DEFAULT_LOCK_DIR, host_lock_dir, lease_settings
+
+    monkeypatch.delenv("SERVESWEEP_LOCK_DIR", raising=False)
+    assert host_lock_dir() == DEFAULT_LOCK_DIR and DEFAULT_LOCK_DIR.stat().st_mode & 0o1777 == 0o1777
+    monkeypatch.setenv("SERVESWEEP_LOCK_DIR", str(tmp_path / "env"))
+    assert host_lock_dir() == tmp_path / "env"
+    assert host_lock_dir(str(tmp_path / "cfg")) == tmp_path / "cfg"
+    assert lease_settings({"host": {"lock_dir": "/x", "when_busy": "refuse"}}) == {"lock_dir": "/x",
+                                                                                  "when_busy": "refuse"}
+
+
 def test_gpu_allocation_packs_jobs_onto_disjoint_gpus(tmp_path):
     """One-GPU jobs on a two-GPU host get different GPUs; a third waits until one is free; two-GPU jobs get a set."""
     from servesweep.lifecycle import HostLease
@@ -274,15 +319,17 @@ def test_lease_for_config_allocates_unpinned_gpus_and_keeps_pinned_ones(tmp_path
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     env: dict = {}
-    first, gpus = lease_for_config(tmp_path, env, 2, gpu_count=lambda: 4)
+    first, gpus = lease_for_config(tmp_path, env, 2, gpu_count=lambda: 4, lock_dir=tmp_path)
     assert gpus == [0, 1] and env == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     env2: dict = {}
-    second, gpus2 = lease_for_config(tmp_path, env2, 1, gpu_count=lambda: 4)
+    second, gpus2 = lease_for_config(tmp_path, env2, 1, gpu_count=lambda: 4, lock_dir=tmp_path)
     assert gpus2 == [2] and env2["CUDA_VISIBLE_DEVICES"] == "2"
     pinned = {"CUDA_VISIBLE_DEVICES": "3,2"}
-    third, gpus3 = lease_for_config(tmp_path / "other", pinned, 2, gpu_count=lambda: pytest.fail("pinned: not asked"))
+    third, gpus3 = lease_for_config(tmp_path, pinned, 2, gpu_count=lambda: pytest.fail("pinned: not asked"),
+                                    lock_dir=tmp_path / "other")
     assert gpus3 == [3, 2] and third.gpus == [2, 3] and pinned == {"CUDA_VISIBLE_DEVICES": "3,2"}
-    cpu, none = lease_for_config(tmp_path, {}, 0, gpu_count=lambda: pytest.fail("CPU engine: not asked"))
+    cpu, none = lease_for_config(tmp_path, {}, 0, gpu_count=lambda: pytest.fail("CPU engine: not asked"),
+                                 lock_dir=tmp_path)
     assert none == [] and [p.name.endswith("-cpu.lock") for p in cpu.paths] == [True]
     for lease in (first, second, third, cpu):
         lease.release()

@@ -59,8 +59,7 @@ def score(problems: list[dict], completions: list[dict], limits: Limits) -> dict
     results = []
     for problem, completion in zip(problems, completions):
         extraction = extract(completion["text"], problem["prompt"], problem["entry_point"])
-        program = extraction.program + "\n\n" + problem["test"] + "\n"
-        run = run_tests(program, problem["entry_point"], limits)
+        run = run_tests(extraction.program, problem["test"] + "\n", problem["entry_point"], limits)
         results.append({"task_id": problem["task_id"], "entry_point": problem["entry_point"],
                         "outcome": run["outcome"], "detail": run["detail"], "duration_s": run["duration_s"],
                         "extraction": extraction.style, "finish_reason": completion.get("finish_reason"),

@@ -57,9 +57,6 @@ SANDBOX_MODES = ("bwrap", "none")
 NO_SANDBOX_FIX = (f"apt-get install bubblewrap, or set {SANDBOX_SETTING}: none to run model-written code unconfined "
                   "(labelled)")
 SYSTEM_PYTHON = "/usr/bin/python3"
-# Exit codes of the test harness, told apart from the program's own crashes.
-EXIT_TESTS_FAILED = 3
-EXIT_SETUP_ERROR = 4
 OUTPUT_TAIL_CHARS = 2000
 
 # Runs inside the sandbox, as the program's own process, before the program: the limits, then exec.
@@ -92,6 +89,10 @@ class Limits:
     file_size_bytes: int = 16 << 20
     open_files: int = 64
     processes: int = 16
+    # The whole sandbox, every process together: memory (a cgroup where one can be made, else only the per-process
+    # ``address_space_bytes``) and the work dir's size (a tmpfs of this size under bwrap; its pages count as memory).
+    memory_bytes: int = 1 << 30
+    disk_bytes: int = 64 << 20
     allow_unsandboxed: bool = False
     sandbox: str = "bwrap"
 
@@ -168,14 +169,20 @@ def _root_binds() -> list[str]:
     return args
 
 
-def bwrap_argv(workdir: Path, argv: list[str], limits: Limits, runtime_binds: list[str] = ()) -> list[str]:
-    """The full bwrap command line that runs ``argv`` (an absolute program path first) confined in ``workdir``."""
+def bwrap_argv(workdir: Path, argv: list[str], limits: Limits, runtime_binds: list[str] = (),
+               files: dict[str, Path] | None = None) -> list[str]:
+    """The full bwrap command line that runs ``argv`` (an absolute program path first) confined in ``workdir``: a
+    tmpfs of ``limits.disk_bytes`` at that path (nothing it writes reaches the host's disk), with each of ``files``
+    (name → host path) bound read-only into it."""
     # The absolute path: the programs' scrubbed environment (whose PATH is searched) may not reach where bwrap is.
     args = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", *_root_binds()]
     for path in runtime_binds:
         args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--dir", "/tmp", "--bind", str(workdir), str(workdir),
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(workdir), "--clearenv"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--dir", "/tmp", "--size", str(limits.disk_bytes), "--tmpfs",
+             str(workdir)]
+    for name, host_path in (files or {}).items():
+        args += ["--ro-bind", str(host_path), str(workdir / name)]
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(workdir), "--clearenv"]
     for key, value in scrubbed_env(workdir).items():
         args += ["--setenv", key, value]
     prelude = _PRELUDE.format(limits=repr({
@@ -254,10 +261,98 @@ def _allow_unsandboxed(limits: Limits) -> bool:
     return limits.allow_unsandboxed or os.environ.get(ALLOW_UNSANDBOXED_ENV, "") not in ("", "0")
 
 
-def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
+class MemoryGroup:
+    """A memory cgroup for one sandboxed run, so that the limit binds every process of the sandbox together
+    (``RLIMIT_AS`` binds each process alone: six children added 5.3 GiB to the host before this).
+
+    Made under this process's own cgroup, in cgroup v2 (``memory.max``, swap off) or v1 (``memory.limit_in_bytes``
+    and ``memory.memsw.limit_in_bytes``); the launcher moves itself in before it execs bwrap. :meth:`create` returns
+    None where no such group can be made here (not root, no memory controller, no delegation): the run then has the
+    per-process limits only, and its isolation facts say so."""
+
+    def __init__(self, path: Path, version: int):
+        self.path, self.version = path, version
+
+    @classmethod
+    def create(cls, limit_bytes: int, uid: int | None) -> "MemoryGroup | None":
+        try:
+            lines = Path("/proc/self/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            _, controllers, rel = line.split(":", 2)
+            if controllers == "memory":
+                parent, version = Path("/sys/fs/cgroup/memory") / rel.lstrip("/"), 1
+            elif controllers == "" and rel:
+                root = next((r for r in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+                             if (r / "cgroup.controllers").exists()), None)
+                if root is None:
+                    continue
+                parent, version = root / rel.lstrip("/"), 2
+                try:
+                    if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
+                        continue
+                except OSError:
+                    continue
+            else:
+                continue
+            group = cls(parent / f"servesweep-sandbox-{os.getpid()}-{time.monotonic_ns()}", version)
+            try:
+                group.path.mkdir()
+            except OSError:
+                continue
+            try:
+                if version == 2:
+                    (group.path / "memory.max").write_text(str(limit_bytes))
+                    if (group.path / "memory.swap.max").exists():
+                        (group.path / "memory.swap.max").write_text("0")
+                else:
+                    (group.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+                    if (group.path / "memory.memsw.limit_in_bytes").exists():
+                        (group.path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+                if uid is not None:  # the launcher runs as the sandbox uid when it moves itself in
+                    os.chown(group.path / "cgroup.procs", uid, uid)
+            except OSError:
+                group.remove()
+                continue
+            return group
+        return None
+
+    def enter(self) -> None:
+        """Move the calling process in (the launcher, between fork and exec)."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def peak_bytes(self) -> int | None:
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        try:
+            return int((self.path / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def remove(self) -> None:
+        """Kill whatever is still in the group, then remove it."""
+        for _ in range(50):
+            try:
+                pids = [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+            except OSError:
+                pids = []
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
+def run_program(source: str, limits: Limits = Limits(), pass_fds: tuple[int, ...] = ()) -> SandboxResult:
     """Run Python ``source`` confined; return its exit status, output tails and the isolation in force.
 
-    Raises :class:`SandboxUnavailable` when bwrap cannot run here and ``limits`` does not allow running unsandboxed.
+    ``pass_fds``: file descriptors the program inherits (the harness's verdict pipe). Raises
+    :class:`SandboxUnavailable` when bwrap cannot run here and ``limits`` does not allow running unsandboxed.
     """
     if limits.sandbox == "none":
         problem = f"{SANDBOX_SETTING} is none: the config chose to run model-written code without bwrap"
@@ -269,43 +364,52 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
             f"labelled 'unsandboxed', set {SANDBOX_SETTING}: none (or {ALLOW_UNSANDBOXED_ENV}=1, or "
             "Limits(allow_unsandboxed=True))")
     root = Path(tempfile.mkdtemp(prefix="servesweep-sandbox-")).resolve()
+    group = None
     try:
         root.chmod(0o755)
         workdir = root / "work"
         workdir.mkdir()
         run_as = _run_as()
-        (workdir / "program.py").write_text(source)
-        if run_as is not None:
-            os.chown(workdir, run_as, run_as)
-            os.chown(workdir / "program.py", run_as, run_as)
+        program = root / "program.py"
+        program.write_text(source)
+        program.chmod(0o644)
+        prelude = _PRELUDE.format(limits=repr({
+            "cpu_s": limits.cpu_s, "address_space_bytes": limits.address_space_bytes,
+            "file_size_bytes": limits.file_size_bytes, "open_files": limits.open_files,
+            "processes": limits.processes}))
         if problem:
             python = str(Path(sys.executable).resolve())
-            prelude = _PRELUDE.format(limits=repr({
-                "cpu_s": limits.cpu_s, "address_space_bytes": limits.address_space_bytes,
-                "file_size_bytes": limits.file_size_bytes, "open_files": limits.open_files,
-                "processes": limits.processes}))
+            shutil.copyfile(program, workdir / "program.py")
             argv = [python, "-I", "-B", "-c", prelude, python, "-I", "-B", "program.py"]
             run_as = None  # no namespaces: a uid switch alone would still leave the network and /proc open
             isolation = {"sandbox": UNSANDBOXED, "reason": problem,
                          "network": "not isolated: unsandboxed run", "filesystem": "permissions only: unsandboxed run",
                          "pid_namespace": False, "proc": "host /proc visible", "uid": os.getuid(),
-                         "process_limit_binding": os.getuid() != 0}
+                         "process_limit_binding": os.getuid() != 0,
+                         "disk": f"per file only ({limits.file_size_bytes} bytes): unsandboxed run"}
         else:
             python, binds = _interpreter()
-            argv = bwrap_argv(workdir, [python, "-I", "-B", "program.py"], limits, binds)
+            argv = bwrap_argv(workdir, [python, "-I", "-B", "program.py"], limits, binds, {"program.py": program})
             isolation = {"sandbox": _bwrap_version(), "interpreter": python,
                          "network": "isolated (network namespace with only its own loopback)",
                          "filesystem": "read-only except the work dir (bwrap)",
                          "pid_namespace": True, "proc": "fresh /proc: sandbox processes only",
                          "uid": run_as if run_as is not None else os.getuid(),
-                         "process_limit_binding": (run_as if run_as is not None else os.getuid()) != 0}
+                         "process_limit_binding": (run_as if run_as is not None else os.getuid()) != 0,
+                         "disk": f"work dir is a {limits.disk_bytes} byte tmpfs"}
+        group = MemoryGroup.create(limits.memory_bytes, run_as)
+        isolation["memory"] = (f"{limits.memory_bytes} bytes for the whole sandbox (cgroup v{group.version})"
+                               if group is not None else
+                               f"per process only ({limits.address_space_bytes} bytes address space × up to "
+                               f"{limits.processes} processes): no memory cgroup can be made here")
         out_path, err_path = root / "stdout", root / "stderr"
         timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             t0 = time.monotonic()
             proc = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     env=scrubbed_env(workdir), start_new_session=True, user=run_as,
-                                    group=run_as, extra_groups=[] if run_as is not None else None)
+                                    group=run_as, extra_groups=[] if run_as is not None else None,
+                                    pass_fds=pass_fds, preexec_fn=group.enter if group is not None else None)
             try:
                 proc.wait(timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:
@@ -320,6 +424,8 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
             if run_as is not None:
                 _wait_for_sandbox_uid_to_empty()
             duration = time.monotonic() - t0
+        if group is not None:
+            isolation["memory_peak_bytes"] = group.peak_bytes()
         code = proc.returncode
         # bwrap exits with the program's status, 128 + N when signal N killed it; a launcher killed by us: < 0
         sig = -code if code < 0 else (code - 128 if not problem and code > 128 else None)
@@ -329,6 +435,8 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
         return SandboxResult(returncode=returncode, signal=sig, timed_out=timed_out, duration_s=duration,
                              stdout=_tail(out_path), stderr=_tail(err_path), isolation=isolation)
     finally:
+        if group is not None:
+            group.remove()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -359,49 +467,181 @@ def self_test(timeout_s: float = 15.0) -> dict:
     return {**out, "works": True}
 
 
-def harness_source(program: str, entry_point: str) -> str:
-    """A script that defines the program (candidate + its tests) and calls ``check(entry_point)``.
+# The test harness. It runs in the sandbox as two processes: the checker (this script) and, forked from it before
+# any model-written code runs, the solution's process. The solution is compiled and run only in the latter; the
+# checker runs the problem's tests against stand-ins that call the solution's functions over a pipe and get plain
+# values back (parsed by a literal-only parser, never evaluated). The verdict goes to the host through a pipe the
+# solution's process closes first thing, and the checker makes itself non-dumpable, so that no other process of
+# the same uid can open its descriptors through /proc or trace it. So nothing the solution prints, exits with or
+# returns can pass for a verdict: printing the old "tests passed" line and exiting 0 is an error, not a pass.
+_HARNESS = r"""import ast, ctypes, json, math, os, sys, traceback
+SOLUTION, TESTS, ENTRY, VERDICT_FD = {solution!r}, {tests!r}, {entry_point!r}, {verdict_fd!r}
 
-    Exit 0: the tests passed; :data:`EXIT_TESTS_FAILED`: an assertion in the tests failed; any other failure is an
-    error. The program is compiled from a string so that its own ``SystemExit`` cannot pass for success.
-    """
-    return f"""import sys, traceback
-namespace = {{"__name__": "__candidate__"}}
+
+def literal(text):
+    # Plain values only: numbers, strings, bytes, None, booleans, nan/inf, and tuples, lists, sets, dicts of them.
+    def walk(node):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            value = walk(node.operand)
+            if not isinstance(value, (int, float, complex)) or isinstance(value, bool):
+                raise ValueError("sign on a non-number")
+            return -value if isinstance(node.op, ast.USub) else value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            return walk(node.left) + walk(node.right) if isinstance(node.op, ast.Add) else \
+                walk(node.left) - walk(node.right)
+        if isinstance(node, ast.Name) and node.id in ("nan", "inf"):
+            return float(node.id)
+        if isinstance(node, ast.Tuple):
+            return tuple(walk(e) for e in node.elts)
+        if isinstance(node, ast.List):
+            return [walk(e) for e in node.elts]
+        if isinstance(node, ast.Set):
+            return {{walk(e) for e in node.elts}}
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "set" and not node.args:
+            return set()
+        if isinstance(node, ast.Dict):
+            return {{walk(k): walk(v) for k, v in zip(node.keys, node.values)}}
+        raise ValueError("not a plain value: " + type(node).__name__)
+    return walk(ast.parse(text, mode="eval").body)
+
+
+def solution_process(requests, replies):
+    os.close(VERDICT_FD)  # first of all: the solution can never reach the verdict pipe
+    out = os.fdopen(replies, "w", buffering=1)
+    namespace = {{"__name__": "__candidate__"}}
+    try:
+        exec(compile(SOLUTION, "solution.py", "exec"), namespace)
+        if not callable(namespace.get(ENTRY)):
+            raise NameError("the solution defines no function " + ENTRY)
+    except BaseException:
+        out.write(repr(("setup_error", traceback.format_exc()[-1500:])) + "\n")
+        os._exit(0)
+    out.write(repr(("names", sorted(k for k, v in namespace.items() if callable(v) and not k.startswith("__"))))
+              + "\n")
+    for line in os.fdopen(requests):
+        name, args, kwargs = literal(line)
+        try:
+            out.write(repr(("ok", namespace[name](*args, **kwargs))) + "\n")
+        except BaseException as exc:
+            out.write(repr(("raise", type(exc).__name__, str(exc)[:500])) + "\n")
+    os._exit(0)
+
+
+class SolutionError(Exception):
+    pass
+
+
+def report(outcome, detail=""):
+    os.write(VERDICT_FD, json.dumps({{"outcome": outcome, "detail": detail[-300:]}}).encode() + b"\n")
+    os._exit(0)
+
+
+def main():
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
+        report("error", "the checker could not make itself non-dumpable")
+    to_solution, requests = os.pipe()
+    replies, from_solution = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(requests)
+        os.close(replies)
+        solution_process(to_solution, from_solution)
+    os.close(to_solution)
+    os.close(from_solution)
+    send, receive = os.fdopen(requests, "w", buffering=1), os.fdopen(replies)
+
+    def reply():
+        line = receive.readline()
+        if not line:
+            _, status = os.waitpid(child, 0)
+            if os.WIFSIGNALED(status) and os.WTERMSIG(status) == 24:  # SIGXCPU
+                report("timeout", "CPU-time limit (signal 24)")
+            if os.WIFSIGNALED(status):
+                raise SolutionError("the solution's process was killed by signal %d (a limit)" % os.WTERMSIG(status))
+            raise SolutionError("the solution's process ended before answering")
+        return literal(line)
+
+    first = reply()
+    if first[0] == "setup_error":
+        report("error", first[1].strip().splitlines()[-1] if first[1].strip() else "setup error")
+    if first[0] != "names":
+        report("error", "the solution's process answered out of turn")
+
+    def stand_in(name):
+        def call(*args, **kwargs):
+            send.write(repr((name, args, kwargs)) + "\n")
+            answer = reply()
+            if answer[0] == "ok" and len(answer) == 2:
+                return answer[1]
+            if answer[0] == "raise" and len(answer) == 3:
+                raise SolutionError(answer[1] + ": " + answer[2])
+            raise SolutionError("the solution's process answered out of turn")
+        call.__name__ = name
+        return call
+
+    namespace = {{"__name__": "__check__"}}
+    namespace.update({{name: stand_in(name) for name in first[1] if isinstance(name, str)}})
+    exec(compile(TESTS, "tests.py", "exec"), namespace)
+    try:
+        namespace["check"](namespace[ENTRY])
+    except AssertionError:
+        report("failed", traceback.format_exc())
+    except BaseException as exc:
+        report("error", type(exc).__name__ + ": " + str(exc))
+    report("passed")
+
+
 try:
-    exec(compile({program!r}, "solution.py", "exec"), namespace)
-    candidate = namespace[{entry_point!r}]
-except BaseException:
-    traceback.print_exc()
-    sys.exit({EXIT_SETUP_ERROR})
-try:
-    namespace["check"](candidate)
-except AssertionError:
-    traceback.print_exc()
-    sys.exit({EXIT_TESTS_FAILED})
-except BaseException:
-    traceback.print_exc()
-    sys.exit({EXIT_SETUP_ERROR})
-print("servesweep: tests passed")
+    main()
+except BaseException as exc:
+    report("error", "harness: " + type(exc).__name__ + ": " + str(exc))
 """
 
 
-def classify(result: SandboxResult) -> tuple[str, str]:
-    """(outcome, detail) for a harness run: passed, failed, error or timeout."""
-    last = (result.stderr.strip().splitlines() or [""])[-1][:300]
+def harness_source(solution: str, tests: str, entry_point: str, verdict_fd: int) -> str:
+    """The harness that runs ``tests`` (which define ``check``) against the function ``entry_point`` of
+    ``solution``, the solution in a process of its own, and writes its verdict to ``verdict_fd`` only."""
+    return _HARNESS.format(solution=solution, tests=tests, entry_point=entry_point, verdict_fd=verdict_fd)
+
+
+def classify(result: SandboxResult, verdict: dict | None) -> tuple[str, str]:
+    """(outcome, detail) of a harness run: passed, failed, error or timeout. Only the verdict the checker wrote to
+    its pipe can say passed or failed; the program's exit status and output never do."""
     if result.timed_out or result.signal in (signal.SIGXCPU, signal.SIGKILL):
         return "timeout", "wall clock ran out" if result.timed_out else f"CPU-time limit (signal {result.signal})"
-    if result.returncode == 0 and "servesweep: tests passed" in result.stdout:
-        return "passed", ""
-    if result.returncode == EXIT_TESTS_FAILED:
-        return "failed", last or "assertion failed"
+    if verdict and verdict.get("outcome") in ("passed", "failed", "error", "timeout"):
+        detail = str(verdict.get("detail") or "")
+        return verdict["outcome"], (detail.strip().splitlines() or [""])[-1][:300]
+    last = (result.stderr.strip().splitlines() or [""])[-1][:300]
     if result.signal is not None:
-        return "error", f"killed by signal {result.signal}"
-    return "error", last or f"exit status {result.returncode}"
+        return "error", f"no verdict: killed by signal {result.signal}"
+    return "error", f"no verdict from the checker (exit status {result.returncode}){': ' + last if last else ''}"
 
 
-def run_tests(program: str, entry_point: str, limits: Limits = Limits()) -> dict:
-    """Run ``program``'s ``check`` against its ``entry_point`` in the sandbox; outcome, detail, time, isolation."""
-    result = run_program(harness_source(program, entry_point), limits)
-    outcome, detail = classify(result)
+def run_tests(solution: str, tests: str, entry_point: str, limits: Limits = Limits()) -> dict:
+    """Run ``tests``' ``check`` against ``solution``'s ``entry_point`` in the sandbox; outcome, detail, time,
+    isolation. The verdict comes through a pipe only the checker holds (:data:`_HARNESS`)."""
+    read_end, write_end = os.pipe()
+    try:
+        os.set_inheritable(write_end, True)
+        result = run_program(harness_source(solution, tests, entry_point, write_end), limits, pass_fds=(write_end,))
+        os.close(write_end)
+        write_end = -1
+        os.set_blocking(read_end, False)
+        try:
+            data = os.read(read_end, 4096)
+        except BlockingIOError:
+            data = b""
+    finally:
+        if write_end >= 0:
+            os.close(write_end)
+        os.close(read_end)
+    try:
+        verdict = json.loads(data.splitlines()[0]) if data.strip() else None
+    except ValueError:
+        verdict = None
+    outcome, detail = classify(result, verdict if isinstance(verdict, dict) else None)
     return {"outcome": outcome, "detail": detail, "duration_s": round(result.duration_s, 3),
             "isolation": result.isolation}

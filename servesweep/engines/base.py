@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from servesweep import promtext
+
 if TYPE_CHECKING:  # type names only: the config module imports the registry at run time
     from servesweep.config import Matrix, ServerConfig
 
@@ -112,11 +114,16 @@ class Engine(abc.ABC):
     label: str = ""  # how messages name the engine
     health_path = "/health"
     metrics_path: str | None = "/metrics"
+    # The /metrics counter of generated (output) tokens the usage counts are checked against; None: not exposed.
+    generated_tokens_metric: str | None = None
     # structured option -> (flag, kind). kind: value | flag (switch when true) | onoff | json | special
     # (``special_argv`` spells it).
     options: dict[str, tuple[str, str]] = {}
     positive_int_options: tuple[str, ...] = ()
     bool_options: tuple[str, ...] = ()
+    # Flags the pipeline sets itself in ``launch`` (or that would redirect what it measures), each with what it is
+    # for: a config may not set them through ``extra_args`` or ``options`` (``managed_flag_problems``).
+    managed_flags: dict[str, str] = {}
     host_needs = HostNeeds()
     # The JSON body of POST /tokenize: (text field, "add special tokens" field); special tokens are never added.
     tokenize_fields = ("prompt", "add_special_tokens")
@@ -127,7 +134,7 @@ class Engine(abc.ABC):
         """Every problem of one server config, run before any server starts: unknown or mistyped options first (the
         engine's own checks assume well-typed values), then the engine's checks against the sweep's ``matrix``, then
         the GPUs it needs against ``host_gpus`` (None: the host's count is not stated)."""
-        problems = self.option_problems(sc)
+        problems = self.option_problems(sc) + self.managed_flag_problems(sc)
         if problems:
             return problems
         problems = self.engine_problems(sc, matrix)
@@ -152,6 +159,33 @@ class Engine(abc.ABC):
             if k in opts and not isinstance(opts[k], bool):
                 problems.append((f"{key}.{k}", f"must be true or false, got {opts[k]!r}", "write true or false"))
         return problems
+
+    def managed_flag_problems(self, sc: ServerConfig) -> list[Problem]:
+        """A flag of :attr:`managed_flags` set through ``extra_args`` (``--port 8000`` or ``--port=8000``) or through
+        an option that spells it: the pipeline sets it (the port it waits on, the host it binds, the model it
+        checks), so the config's value would be silently overridden or would misdirect the run."""
+        problems = []
+        for i, arg in enumerate(sc.extra_args):
+            flag = str(arg).split("=", 1)[0]
+            if flag in self.managed_flags:
+                problems.append((f"server_configs.{sc.name}.extra_args[{i}]",
+                                 f"sets {flag}, which servesweep manages ({self.managed_flags[flag]})",
+                                 f"remove {flag} and its value from extra_args; {self._managed_fix(flag)}"))
+        for key in sc.options:
+            flag = self.options.get(key, ("", ""))[0]
+            if flag in self.managed_flags:
+                problems.append((f"server_configs.{sc.name}.options.{key}",
+                                 f"sets {flag}, which servesweep manages ({self.managed_flags[flag]})",
+                                 f"remove options.{key}; {self._managed_fix(flag)}"))
+        return problems
+
+    @staticmethod
+    def _managed_fix(flag: str) -> str:
+        if any(w in flag for w in ("model", "alias", "tokenizer", "hf", "load-format", "-m", "-a")):
+            return "the model comes from the config's `model` (models.<name>) and its served name from `served_name`"
+        if flag in ("--host", "--port", "--uds"):
+            return "the pipeline picks a free port on 127.0.0.1 for every launch and waits on it"
+        return "servesweep sets it for every launch; a server it cannot measure this way is not supported"
 
     def engine_problems(self, sc: ServerConfig, matrix: Matrix | None) -> list[Problem]:
         """The engine's own checks of a config whose options are known and well typed."""
@@ -274,6 +308,11 @@ class Engine(abc.ABC):
         """Tokens carried by one streamed chunk, when the engine says; None means count one per text delta."""
         return None
 
+    def chunks_are_tokens(self, sc: ServerConfig) -> bool:
+        """Whether this config streams one chunk per generated token (``LoadSpec.chunks_are_tokens``: usage far above
+        the chunks is then a lie). False by default: an engine may coalesce tokens into a chunk."""
+        return False
+
     # --- logs and metrics --------------------------------------------------------------------------------------
     def parse_log(self, text: str) -> list[LogEvent]:
         """Events of a server log; none when the engine's log is not parsed."""
@@ -285,9 +324,47 @@ class Engine(abc.ABC):
 
     def cell_metrics(self, events: list[LogEvent], metrics_before: str | None, metrics_after: str | None,
                      requests: list[dict]) -> dict:
-        """Engine metrics for one cell from its log window, differenced /metrics and per-request records.
+        """Engine metrics for one cell from its log window, differenced /metrics and the measured requests: the
+        engine's own (:meth:`engine_cell_metrics`), then what every engine gets: ``metrics_warning`` when a scrape
+        did not parse (the cell keeps its other columns), and the usage counts checked against the engine's token
+        counter (:func:`usage_vs_engine`)."""
+        out = self.engine_cell_metrics(events, metrics_before, metrics_after, requests)
+        warnings = [w for w in (promtext.problem(metrics_before), promtext.problem(metrics_after)) if w]
+        if warnings:
+            out["metrics_warning"] = " | ".join(dict.fromkeys(warnings))
+        elif self.generated_tokens_metric:
+            out.update(usage_vs_engine(promtext.delta(metrics_before, metrics_after), self.generated_tokens_metric,
+                                       requests))
+        return out
 
-        Engines return at least the ``SPEC_COLUMNS`` (NaN where they do not report them), plus ``accept_length`` and
-        ``accept_rate`` when the cell verified drafts.
-        """
+    def engine_cell_metrics(self, events: list[LogEvent], metrics_before: str | None, metrics_after: str | None,
+                            requests: list[dict]) -> dict:
+        """The engine's own cell columns. Engines return at least the ``SPEC_COLUMNS`` (NaN where they do not report
+        them), plus ``accept_length`` and ``accept_rate`` when the cell verified drafts."""
         return spec_columns()
+
+
+# The engine's counter may trail the usage of the requests it finished by the tokens generated between the window's
+# opening and the first scrape (a few per stream); beyond this, the usage counts claim tokens the engine never made.
+ENGINE_USAGE_SLACK = (1.1, 2, 8)  # factor on the engine's count, tokens per request, tokens
+
+
+def usage_vs_engine(delta: dict, metric: str, requests: list[dict]) -> dict:
+    """The usage counts of a cell's measured requests against the engine's own generated-token counter.
+
+    Only requests that certainly ran inside the window count: sent in it (the measured ones) and finished before
+    its last send, so the engine's counter over the window — per step or per finished request — holds at least
+    their tokens. ``engine_generated_tokens`` (the counter's difference), ``engine_checked_usage_tokens`` (their
+    usage sum) and ``usage_engine_mismatch`` (True when the usage sum exceeds the counter beyond
+    :data:`ENGINE_USAGE_SLACK`); nothing when the engine does not expose the counter."""
+    generated = promtext.total(delta, metric)
+    sends = [r["send"] for r in requests if r.get("send") is not None]
+    if generated is None or not sends:
+        return {}
+    last_send = max(sends)
+    done = [r for r in requests if r.get("end") is not None and r["end"] <= last_send
+            and isinstance(r.get("usage_completion_tokens"), int) and r["usage_completion_tokens"] >= 0]
+    claimed = sum(r["usage_completion_tokens"] for r in done)
+    factor, per_request, extra = ENGINE_USAGE_SLACK
+    return {"engine_generated_tokens": generated, "engine_checked_usage_tokens": claimed,
+            "usage_engine_mismatch": claimed > factor * generated + per_request * len(done) + extra}

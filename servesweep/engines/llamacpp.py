@@ -70,6 +70,16 @@ class LlamaCppEngine(Engine):
     options = OPTIONS
     positive_int_options = ("parallel", "ctx_size", "threads")
     tokenize_fields = ("content", "add_special")
+    generated_tokens_metric = "llamacpp:tokens_predicted_total"
+    managed_flags = {
+        "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+        "--model": "the config's model file", "-m": "the config's model file", "--alias": "the served name",
+        "-a": "the served name", "--hf-repo": "the config's model", "-hf": "the config's model",
+        "--model-url": "the config's model", "-mu": "the config's model", "--metrics": "the engine counters",
+        "--log-timestamps": "the log the job parses", "--log-prefix": "the log the job parses",
+        "--api-key": "unauthenticated requests of the load generator", "--api-key-file": "unauthenticated requests",
+        "--path": "the API routes it calls", "--api-prefix": "the API routes it calls",
+    }
 
     def engine_problems(self, sc, matrix):
         opts, key = sc.options, f"server_configs.{sc.name}.options"
@@ -176,7 +186,12 @@ class LlamaCppEngine(Engine):
                 events.append(LogEvent("failure", None, {"line": line.strip()[:300]}, i))
         return events
 
-    def cell_metrics(self, events, metrics_before, metrics_after, requests):
+    def chunks_are_tokens(self, sc):
+        # llama-server sends one chunk per token, drafts included (tests/data, examples/h200-llamacpp: usage equals
+        # the chunks in every request of the AR and n-gram runs); a token ending mid-character waits for the next.
+        return True
+
+    def engine_cell_metrics(self, events, metrics_before, metrics_after, requests):
         d = promtext.delta(metrics_before, metrics_after)
         out = {}
         decodes = promtext.total(d, METRIC_DECODE_CALLS)

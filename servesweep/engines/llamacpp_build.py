@@ -1,14 +1,20 @@
 """Build llama.cpp's native ``llama-server`` from the sources vendored in the llama-cpp-python sdist.
 
-The build is cached per machine (``$SERVESWEEP_CACHE`` or ``~/.cache/servesweep``), keyed by the sdist version and
-the build flavour, so it happens once per machine and never inside a benchmark job; a build that was stopped (a time
+The build is cached per machine (``$SERVESWEEP_CACHE`` or ``~/.cache/servesweep``), keyed by the sdist version, the
+build flavour and the CPU's instruction-set features (:func:`isa_key`: the build is ``-march=native``, so a binary
+built on a newer node would die of an illegal instruction on an older one sharing the home directory), so it happens
+once per kind of node and never inside a benchmark job; a cached binary is used only once it runs
+(``--version``, :func:`run_problem`); a build that was stopped (a time
 limit, a killed command) resumes from its kept build tree the next time (``partial_dir``). A bundle's install step runs
 this module before servesweep's dependencies are importable: it uses the standard library only.
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -21,14 +27,84 @@ from servesweep.cache import cache_root
 DEFAULT_VERSION = "0.3.36"
 
 
-def binary_path(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:
+# Instruction-set flags of /proc/cpuinfo that -march=native may compile in (x86); on Arm every "Features" entry counts.
+_X86_ISA = re.compile(r"^(sse\S*|ssse3|avx\S*|fma\S*|f16c|bmi\d|amx\S*|vnni|vpclmulqdq|gfni|vaes|adx|sha_ni|"
+                      r"popcnt|movbe|lzcnt|abm|xop)$")
+
+
+def cpu_features(cpuinfo: str | None = None) -> list[str]:
+    """The instruction-set features of this CPU that a native build depends on, sorted."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return sorted({f for f in value.split() if _X86_ISA.match(f)})
+        if key.strip() == "Features":
+            return sorted(set(value.split()))
+    return []
+
+
+def isa_key(cpuinfo: str | None = None) -> str:
+    """The cache key of this node's instruction sets: machine type and a short hash of :func:`cpu_features`."""
+    features = " ".join(cpu_features(cpuinfo))
+    return f"{platform.machine() or 'unknown'}-{hashlib.sha256(features.encode()).hexdigest()[:12]}"
+
+
+def binary_path(version: str = DEFAULT_VERSION, flavour: str = "cpu", key: str | None = None) -> Path:
+    """The cached binary for this node's instruction sets (``key``: :func:`isa_key` by default)."""
+    return cache_root() / f"llama.cpp-{version}-{flavour}-{key or isa_key()}" / "bin" / "llama-server"
+
+
+def unkeyed_binary_path(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:
+    """Where servesweep cached the binary before the cache was keyed by instruction sets."""
     return cache_root() / f"llama.cpp-{version}-{flavour}" / "bin" / "llama-server"
 
 
 def partial_dir(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:
     """Where a build in progress keeps its sources and build tree, so that an interrupted build (a job's time limit,
     a killed command) resumes where it stopped instead of starting over; removed once the binary is in place."""
-    return cache_root() / f"llama.cpp-{version}-{flavour}.partial"
+    return cache_root() / f"llama.cpp-{version}-{flavour}-{isa_key()}.partial"
+
+
+def run_problem(binary: Path) -> str | None:
+    """Why ``binary`` cannot run on this node (None when ``binary --version`` exits 0): an illegal instruction, a
+    missing library, a truncated file."""
+    try:
+        done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if done.returncode == 0:
+        return None
+    how = (f"killed by signal {-done.returncode}" + (" (illegal instruction)" if done.returncode == -4 else "")
+           if done.returncode < 0 else f"exit status {done.returncode}")
+    return f"`{binary} --version` failed: {how}: {(done.stderr or done.stdout).strip()[-200:]}"
+
+
+def _usable(target: Path, version: str, flavour: str, log) -> bool:
+    """Whether the cached ``target`` runs here; a cache from before the key, that runs here, is taken over once (it
+    was built by this machine's set-up in every case servesweep knows of); a binary that does not run is moved
+    aside (``llama-server.failed``) so that it is built again."""
+    if not target.exists():
+        legacy = unkeyed_binary_path(version, flavour)
+        if not legacy.exists() or run_problem(legacy) is not None:
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(legacy, target.with_suffix(".tmp"))
+        os.replace(target.with_suffix(".tmp"), target)
+        (target.parent / "cpu-features.txt").write_text(
+            f"taken over from {legacy} (built before the cache was keyed)\n{' '.join(cpu_features())}\n")
+        print(f"took over the cached {legacy} for this node's instruction sets ({isa_key()})", file=log, flush=True)
+        return True
+    problem = run_problem(target)
+    if problem is None:
+        return True
+    print(f"the cached {target} does not run on this node — {problem}; building it again", file=log, flush=True)
+    os.replace(target, target.with_name("llama-server.failed"))
+    return False
 
 
 def _fetch_sdist(version: str, workdir: Path, log) -> Path:
@@ -68,13 +144,13 @@ def build_llama_server(version: str = DEFAULT_VERSION, flavour: str = "cpu", sdi
     A file lock makes concurrent callers (parallel jobs, tests) wait for one build instead of racing.
     """
     target = binary_path(version, flavour)
-    if target.exists():
+    if target.exists() and run_problem(target) is None:
         return target
     target.parent.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent.parent.with_suffix(".lock")
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():
+        if _usable(target, version, flavour, log):
             return target
         work = partial_dir(version, flavour)
         unpacked = work / "src.done"
@@ -104,7 +180,11 @@ def build_llama_server(version: str = DEFAULT_VERSION, flavour: str = "cpu", sdi
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, target.with_suffix(".tmp"))
         os.replace(target.with_suffix(".tmp"), target)
+        (target.parent / "cpu-features.txt").write_text(f"built here\n{' '.join(cpu_features())}\n")
         shutil.rmtree(work, ignore_errors=True)
+        problem = run_problem(target)
+        if problem:
+            raise RuntimeError(f"the llama-server just built does not run: {problem} — fix: see the build log")
     return target
 
 

@@ -275,6 +275,14 @@ def _verify_steps(d: dict, requests: list[dict]) -> float | None:
 class SGLangEngine(Engine):
     name = "sglang"
     label = "SGLang"
+    generated_tokens_metric = "sglang:generation_tokens_total"
+    managed_flags = {
+        "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+        "--model-path": "the config's model", "--model": "the config's model",
+        "--served-model-name": "the served name", "--tokenizer-path": "the model's tokenizer",
+        "--load-format": "the model's load_format", "--enable-metrics": "the engine counters",
+        "--api-key": "unauthenticated requests of the load generator",
+    }
 
     # --- configuration -----------------------------------------------------------------------------------
     options = OPTIONS
@@ -512,7 +520,12 @@ class SGLangEngine(Engine):
         out["graph_capture_unfinished"] = [p for p in begins if p not in out["graph_capture"]]
         return out
 
-    def cell_metrics(self, events, metrics_before, metrics_after, requests):
+    def chunks_are_tokens(self, sc):
+        # SGLang streams one chunk per decode step: one token without speculation (usage equals the chunks in every
+        # request of examples/h200-sglang-gemma's AR run), several with it.
+        return self.speculation_requested(sc.options) is None
+
+    def engine_cell_metrics(self, events, metrics_before, metrics_after, requests):
         decode = [e for e in events if e.kind == "decode"]
         batches = decode + [e for e in events if e.kind == "prefill"]
         with_graph = [e for e in decode if "graph" in e.fields]

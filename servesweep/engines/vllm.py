@@ -106,6 +106,14 @@ def _local_epoch(stamp: str) -> float:
 class VLLMEngine(Engine):
     name = "vllm"
     label = "vLLM"
+    generated_tokens_metric = "vllm:generation_tokens_total"
+    managed_flags = {
+        "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+        "--model": "the config's model", "--served-model-name": "the served name",
+        "--tokenizer": "the model's tokenizer", "--load-format": "the model's load_format",
+        "--api-key": "unauthenticated requests of the load generator", "--uds": "the TCP port it waits on",
+        "--root-path": "the API routes it calls",
+    }
 
     options = OPTIONS
     positive_int_options = POSITIVE_INT_OPTIONS
@@ -254,7 +262,7 @@ class VLLMEngine(Engine):
             out["ready_at"] = ready.t
         return out
 
-    def cell_metrics(self, events, metrics_before, metrics_after, requests):
+    def engine_cell_metrics(self, events, metrics_before, metrics_after, requests):
         d = promtext.delta(metrics_before, metrics_after)
         stats = [e for e in events if e.kind == "stats"]
         failures = [e for e in events if e.kind == "failure"]

@@ -1,0 +1,68 @@
+"""Which configs' measurements cannot be trusted, from their cells (cells.csv columns; a pure function, no I/O).
+
+A config is untrusted when it had no successful request at all ("failed"), or when its token counts disagree
+systematically: its usage counts were impossible in a share of its requests (``usage_mismatch_requests``), exceeded
+the engine's own token counter (``usage_engine_mismatch``), or — where the engine reported no speculation — carried
+far more tokens per streamed chunk than one decode step makes (``usage_tokens_per_chunk``). Its throughput would
+rest on numbers the server made up, so the report leaves it out of every ranking.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+# Requests with an impossible usage count, as a share of a config's measured requests, from which the disagreement
+# is systematic rather than one odd stream.
+MISMATCH_SHARE = 0.05
+# Tokens per chunk above which a config that reported no speculation claims more than it streamed: recorded
+# non-speculative runs stream 1.000 (llama.cpp, SGLang) to 1.066 (vLLM, which coalesces) per chunk, cell by cell
+# (examples/*/runs/*/requests.jsonl.gz); the over-reporting fault server claims 10.
+TOKENS_PER_CHUNK_MAX = 1.5
+_SPECULATION = ("spec_drafted_tokens", "spec_verify_steps", "accept_length")
+
+
+def _num(value) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def _speculated(row) -> bool:
+    return any(_num(row.get(c)) > 0 for c in _SPECULATION)
+
+
+def untrusted_configs(cells: pd.DataFrame) -> dict[str, str]:
+    """{config: one-line reason} for every config of ``cells`` whose figures must not be ranked; configs not named
+    are trusted. The reasons name the cells.csv column that shows it."""
+    out: dict[str, str] = {}
+    if cells is None or cells.empty or "config" not in cells:
+        return out
+    for cfg, g in cells.groupby("config", sort=True):
+        rows = g.to_dict("records")
+        requests = sum(_num(r.get("requests")) for r in rows if not math.isnan(_num(r.get("requests"))))
+        errors = sum(_num(r.get("errors")) for r in rows if not math.isnan(_num(r.get("errors"))))
+        if requests - errors <= 0:
+            out[cfg] = f"failed: no successful request in {len(rows)} cell(s) ({int(requests)} sent, all errors)"
+            continue
+        mismatched = sum(_num(r.get("usage_mismatch_requests")) for r in rows
+                         if not math.isnan(_num(r.get("usage_mismatch_requests"))))
+        if requests and mismatched / requests >= MISMATCH_SHARE:
+            out[cfg] = (f"token counts disagree: {int(mismatched)} of {int(requests)} requests reported an "
+                        "impossible usage count (usage_mismatch_requests)")
+            continue
+        over_engine = [r for r in rows if str(r.get("usage_engine_mismatch")).lower() in ("true", "1", "1.0")]
+        if over_engine:
+            out[cfg] = (f"token counts disagree: usage exceeds the engine's own /metrics token counter in "
+                        f"{len(over_engine)} of {len(rows)} cell(s) (usage_engine_mismatch)")
+            continue
+        inflated = [r for r in rows if not _speculated(r)
+                    and _num(r.get("usage_tokens_per_chunk")) > TOKENS_PER_CHUNK_MAX]
+        if inflated:
+            worst = max(_num(r.get("usage_tokens_per_chunk")) for r in inflated)
+            out[cfg] = (f"token counts disagree: usage claims up to {worst:.2f} tokens per streamed chunk in "
+                        f"{len(inflated)} of {len(rows)} cell(s) without any speculation reported "
+                        "(usage_tokens_per_chunk)")
+    return out
