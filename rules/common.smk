@@ -77,7 +77,8 @@ def get_bench_params(wildcards):
         "matrix": config["matrix"],
         "correctness": config.get("correctness", {}),
         "slo": config.get("slo", {}),  # goodput per target is counted per request by the bench job
-        "parallel_cpu_benches": config.get("host", {}).get("parallel_cpu_benches", False),
+        # how this host's resources are leased (docs/faults.md): the lock folder and waiting or refusing when busy
+        "host": {k: config["host"].get(k) for k in ("parallel_cpu_benches", "lock_dir", "when_busy")},
     }
 
 

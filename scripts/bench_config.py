@@ -20,7 +20,7 @@ config = {
     "matrix": run["matrix"],
     "correctness": run["correctness"],
     "slo": run["slo"],
-    "host": {"parallel_cpu_benches": run["parallel_cpu_benches"]},
+    "host": run["host"],
 }
 out = snakemake.output
 paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),

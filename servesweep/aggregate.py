@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servesweep import compare, decide, diagnosis, roofline
+from servesweep import compare, decide, diagnosis, roofline, trust
 from servesweep import stats as stats_mod
 from servesweep.speculation import speculation_status
 
@@ -383,6 +383,7 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
     status = speculation_status(cells, metas) if metas else {}
     cells, repeats = _keyed(cells), _keyed(repeats)
     copies = replicates(metas)
+    untrusted = trust.untrusted_configs(cells)
     pairs, families = [], {}
     for cfg in sorted(set(cells["config"]) - {baseline}):
         keys = cells[cells["config"] == cfg][CELL_KEYS].drop_duplicates().itertuples(index=False)
@@ -391,7 +392,9 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
             if cells[cell_mask(cells, key, baseline)].empty:
                 continue
             pairs.append((cfg, baseline, key))
-            if copies.get(cfg) == baseline:
+            if cfg in untrusted or baseline in untrusted:
+                families[(cfg, baseline, key)] = "left out"  # not in the sweep's family: it uses none of its slots
+            elif copies.get(cfg) == baseline:
                 families[(cfg, baseline, key)] = "replicate check"
     rows = comparison_rows(repeats, pairs, rule, families)
     by = {(r["config"], _hashable(tuple(r[k] for k in CELL_KEYS)), r["metric"]): r for r in rows}
@@ -402,7 +405,11 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
             continue
         mine, base = cells[cell_mask(cells, key, cfg)], cells[cell_mask(cells, key, baseline)]
         verdict = t["verdict"]
-        if cfg in status and status[cfg].ran is False:
+        left_out = untrusted.get(cfg) or (f"baseline {baseline}: {untrusted[baseline]}" if baseline in untrusted
+                                          else None)
+        if left_out:
+            verdict = f"left out: {left_out}"
+        elif cfg in status and status[cfg].ran is False:
             verdict = FAILED_SPECULATION
         elif compare.busy(repeats, cfg, key) or compare.busy(repeats, baseline, key):
             verdict = HOST_BUSY
@@ -420,7 +427,7 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
                             "ran" if status[cfg].ran else "never drafted" if status[cfg].ran is False
                             else "not reported"),
             "verdict": verdict,
-            "per_request_verdict": u.get("verdict", decide.NOT_MEASURABLE),
+            "per_request_verdict": f"left out: {left_out}" if left_out else u.get("verdict", decide.NOT_MEASURABLE),
             "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]
                                  or base.get("client_bound", pd.Series([False])).fillna(False).iloc[0]),
         })
@@ -433,7 +440,8 @@ SPEEDUP_COLUMNS = ["config", *CELL_KEYS, "agg_output_tok_s", "baseline_agg_tok_s
                    "speculation", "verdict", "per_request_verdict", "client_bound"]
 
 
-def design_table(speedup: pd.DataFrame, metas: list[dict], repeats: pd.DataFrame, rule: decide.Rule) -> dict:
+def design_table(speedup: pd.DataFrame, metas: list[dict], repeats: pd.DataFrame, rule: decide.Rule,
+                 cells: pd.DataFrame | None = None) -> dict:
     """noise.json: the sweep's design (blocks, rounds, pairing), its rule, its resolution (minimum detectable effect
     per load level and metric) and the replicate check (what each identical copy was called against its
     original: expected nothing)."""
@@ -445,6 +453,7 @@ def design_table(speedup: pd.DataFrame, metas: list[dict], repeats: pd.DataFrame
                          "metric": metric, "mde": r[f"{prefix}mde"], "design": r["design"],
                          "verdict": r[f"{prefix}verdict"]})
     out = _design_summary(rows, rule, metas, repeats)
+    out["untrusted"] = trust.untrusted_configs(cells) if cells is not None else {}
     checks = speedup[speedup["family"] == "replicate check"]
     out["replicates"] = replicates(metas)
     out["replicate_check"] = [
@@ -585,7 +594,7 @@ def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: l
     tp.to_csv(out.throughput, index=False)
     Path(out.throughput_md).write_text(throughput_markdown(cells))
     sp = speedup_table(cells, repeats, baseline, metas=metas, rule=rule)
-    design = design_table(sp, metas, repeats, rule)
+    design = design_table(sp, metas, repeats, rule, cells)
     Path(out.noise).write_text(json.dumps(design, indent=2, default=_json_value) + "\n")
     sp.to_csv(out.speedup, index=False)
     Path(out.speedup_md).write_text(speedup_markdown(sp, baseline))

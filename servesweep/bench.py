@@ -28,8 +28,8 @@ from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
 from servesweep.engines import get_engine
 from servesweep.envcheck import cpu_model
-from servesweep.lifecycle import (ServerProcess, ServerStartError, claim_launch, lease_for_config, tail_lines,
-                                  wait_until_ready)
+from servesweep.lifecycle import (ServerProcess, ServerStartError, claim_launch, lease_for_config, lease_settings,
+                                  tail_lines, wait_until_ready)
 from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
                                 corpus_text, run_load)
 from servesweep.slo import SLO, slos_from_config
@@ -300,7 +300,7 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
                     output_tokens=matrix.output_tokens, temperature=matrix.temperature,
                     extra_fields=engine.load_fields(sc), request_timeout_s=sc.request_timeout_s,
-                    chunk_tokens=engine.chunk_tokens, label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
+                    chunk_tokens=engine.chunk_tokens, chunks_are_tokens=engine.chunks_are_tokens(sc), label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
                     window=plan, prompt_source=source, arrivals=arrivals)
     records, columns = await measure_cell(server, engine, sc, session, spec, telemetry,
                                           f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}", slos)
@@ -391,7 +391,7 @@ def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, 
 
     lease, gpus = lease_for_config(paths.servers_dir, sc.env, world,
                                    exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False),
-                                   on_wait=waiting)
+                                   on_wait=waiting, **lease_settings(config))
     try:
         return _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine,
                            matrix, world, gpus, lease, host_warmup, block)

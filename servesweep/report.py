@@ -267,6 +267,8 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
     rule = rule or decide.Rule()
     cells = with_unit_columns(cells, cost)
     lines = ["## Summary", ""] + rd.answers(cells, speedup, baseline)
+    # configs whose token counts cannot be trusted, or that measured nothing, are picked nowhere (Flags says why)
+    cells = cells[~cells["config"].isin(set(design.get("untrusted") or {}))]
     choices = []
     for slo in slos:
         for label, g in prompt_sets(cells):

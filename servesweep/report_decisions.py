@@ -138,6 +138,8 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
 def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
     """What the reader must know before acting: the replicate check, designs weaker than paired blocks."""
     out = []
+    for cfg, why in sorted((design.get("untrusted") or {}).items()):
+        out.append(f"**`{cfg}` is left out of every ranking and pick**: {why}.")
     checks = design.get("replicate_check") or []
     if checks:
         differs = design.get("replicate_differs") or []
@@ -200,11 +202,16 @@ def config_findings(speedup: pd.DataFrame, baseline: str, random_weight_speculat
 def ranking(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str) -> list[str]:
     """Per cell: every config by output tok/s (means over launches), each other config's verdict against the
     baseline, and the configs left out of the ranking with the reason."""
+    from servesweep.trust import untrusted_configs
+
     lines = []
     cells = _closed(cells)
+    untrusted = untrusted_configs(cells)
     for (workload, ctx, conc), g in cells.groupby(["workload", "ctx", "concurrency"], sort=True):
         client = g[g["client_bound"].fillna(False).astype(bool)] if "client_bound" in g else g.iloc[0:0]
-        ranked = g.drop(client.index).sort_values("agg_output_tok_s", ascending=False)
+        liars = g[g["config"].isin(untrusted)]
+        ranked = g.drop(client.index.union(liars.index)).sort_values("agg_output_tok_s", ascending=False)
+        client = client.drop(liars.index, errors="ignore")
         sp = speedup[(speedup["workload"] == workload) & (speedup["ctx"] == ctx) & (speedup["concurrency"] == conc)]
         verdicts = {r["config"]: r["verdict"] for r in sp.to_dict("records")}
         order = " > ".join(f"`{r['config']}` {r['agg_output_tok_s']:.1f}"
@@ -214,6 +221,8 @@ def ranking(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str) -> list[s
         left = (" Left out: " + ", ".join(f"`{r['config']}` ({r['agg_output_tok_s']:.1f}, client-bound: the "
                                           "client's pace, not the server's)" for r in client.to_dict("records"))
                 + ".") if len(client) else ""
+        if len(liars):
+            left += " Left out: " + ", ".join(f"`{c}` ({untrusted[c]})" for c in liars["config"]) + "."
         label = cell_label({"workload": workload, "ctx": ctx, "concurrency": int(conc)})
         if ranked.empty:
             lines.append(f"- {label}: no config measured server-bound.{left}")

@@ -401,3 +401,37 @@ def test_the_claims_check_fails_on_a_sentence_the_tables_contradict(tmp_path):
             check_claims(text.replace(line, wrong), speedup, cells_)
     with pytest.raises(AssertionError):
         check_claims(text + "\n- humaneval C=16: `ngram` (1.0 tok/s), the only config measured.\n", speedup, cells_)
+
+
+def test_a_config_whose_token_counts_disagree_is_left_out_of_every_ranking_and_flagged():
+    """A server that reports 10x the tokens it streams is 10x 'faster': the sweep must not rank it."""
+    import numpy as np
+
+    from servesweep import aggregate
+
+    rows = []
+    for block in range(4):
+        for cfg, speed in (("ar", 100.0), ("liar", 1000.0), ("b", 100.0)):
+            for c in (1, 4):
+                rows.append({"config": cfg, "workload": "synthetic", "ctx": 128, "load": "concurrency",
+                             "concurrency": c, "request_rate": np.nan, "block": block, "block_run": "r",
+                             "repeat": 0, "agg_output_tok_s": speed * c * (1 + 0.01 * block),
+                             "per_request_tok_s": speed})
+    reps = pd.DataFrame(rows)
+    cells_ = reps.groupby(["config", "workload", "ctx", "load", "concurrency"], as_index=False, dropna=False)[
+        ["agg_output_tok_s", "per_request_tok_s"]].mean()
+    cells_["requests"], cells_["errors"] = 40, 0
+    cells_["usage_mismatch_requests"] = np.where(cells_["config"] == "liar", 40, 0)
+    metas = [{"config": c, "labels": {}} for c in ("ar", "liar", "b")]
+    sp = aggregate.speedup_table(cells_, reps, "ar", metas=metas)
+    liar = sp[sp["config"] == "liar"]
+    assert liar["verdict"].str.startswith("left out: token counts disagree").all()
+    assert (liar["family"] == "left out").all() and (sp[sp["config"] == "b"]["family"] == "sweep").all()
+    design = aggregate.design_table(sp, metas, reps, Rule(), cells_)
+    assert "liar" in design["untrusted"] and design["comparisons"] == 4  # b's 2 cells x 2 metrics
+    text = "\n".join(first_screen(cells_.assign(ttft_p99_s=0.1, tpot_p99_s=0.01, tpot_p50_s=0.01, gpu_count=1),
+                                  reps, sp, design, "ar", [INTERACTIVE], {}))
+    assert "**`liar` is left out of every ranking and pick**: token counts disagree" in text
+    assert "**`liar`**" not in text and "`liar` at C=" not in text
+    ranked = "\n".join(rd.ranking(cells_, sp, "ar"))
+    assert "Left out: `liar` (token counts disagree" in ranked and "`liar` 4000" not in ranked
