@@ -46,6 +46,12 @@ def model_manifest(cfg):
     return f"resources/models/{config['server_configs'][cfg]['model']}/manifest.json"
 
 
+def get_draft_model_of(wildcards):
+    """The manifest of a config's draft model (`draft_model`, another models entry), or nothing."""
+    draft = config["server_configs"][wildcards.cfg].get("draft_model")
+    return [f"resources/models/{draft}/manifest.json"] if draft else []
+
+
 def get_source_manifests(wildcards):
     """Manifests of the models a model is built from (`source.gguf_to_hf.model`)."""
     ref = config["models"][wildcards.model]["source"].get("gguf_to_hf", {}).get("model")
@@ -63,6 +69,7 @@ def get_bench_params(wildcards):
     return {
         "server_config": entry,
         "model": config["models"][entry["model"]],
+        "draft_model": config["models"].get(entry.get("draft_model"), {}),
         "engine_settings": config.get("engines", {}).get(entry["engine"], {}),
         "matrix": config["matrix"],
         "correctness": config.get("correctness", {}),
@@ -138,7 +145,8 @@ def get_engines_used():
 
 
 def get_models_used():
-    return sorted({sc["model"] for sc in config["server_configs"].values()})
+    used = {sc["model"] for sc in config["server_configs"].values()}
+    return sorted(used | {sc["draft_model"] for sc in config["server_configs"].values() if sc.get("draft_model")})
 
 
 def get_run_outputs(name):

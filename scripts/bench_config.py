@@ -20,10 +20,14 @@ config = {
     "slo": run["slo"],
     "host": {"parallel_cpu_benches": run["parallel_cpu_benches"]},
 }
+draft = run["server_config"].get("draft_model")
+if draft:
+    config["models"][draft] = run["draft_model"]
 out = snakemake.output
 paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
                  Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg).attempt_dir)
 warm = list(snakemake.input.get("warm", []))  # the host warm-up of this engine, where the sweep has one
 run_config(cfg, config, json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)), paths,
            correctness_outputs=CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)),
-           host_warmup=json.load(open(warm[0])) if warm else None)
+           host_warmup=json.load(open(warm[0])) if warm else None,
+           draft_manifest=json.load(open(snakemake.input.draft_model[0])) if draft else None)

@@ -30,6 +30,9 @@ OPTIONS = {
     "trust_remote_code": ("--trust-remote-code", "flag"),
 }
 POSITIVE_INT_OPTIONS = ("tp", "pp", "dp", "max_model_len", "max_num_seqs")
+# SpeculativeConfig.method for a separate small model (vllm/config/speculative.py, SpeculativeMethod); its other
+# keys: model (the draft's path), num_speculative_tokens, draft_tensor_parallel_size.
+DRAFT_METHOD = "draft_model"
 
 # Speculative counters (vllm/v1/spec_decode/metrics.py, SpecDecodingProm): prometheus_client Counters named
 # ``vllm:spec_decode_num_drafts`` ("Number of spec decoding drafts.", one per request per step that carried a draft),
@@ -110,6 +113,7 @@ class VLLMEngine(Engine):
     options = OPTIONS
     positive_int_options = POSITIVE_INT_OPTIONS
     host_needs = HostNeeds(modules=("vllm",), gpu_jit=True)
+    draft_formats = ("hf",)
 
     def cache_dirs(self, env=None):
         # vLLM's torch.compile and CUDA-graph caches, and FlashInfer's JIT kernels where it uses them.
@@ -126,7 +130,24 @@ class VLLMEngine(Engine):
                      "set pp: 1, or remove speculative_config")]
         return []
 
-    def speculation_requested(self, options):
+    def draft_problems(self, sc):
+        problems = super().draft_problems(sc)
+        if problems or sc.draft_model_name is None:
+            return problems
+        key = f"server_configs.{sc.name}.options.speculative_config"
+        spec = sc.options.get("speculative_config")
+        if not isinstance(spec, dict) or spec.get("method", DRAFT_METHOD) != DRAFT_METHOD:
+            return [(key, f"draft_model '{sc.draft_model_name}' needs speculative_config with method {DRAFT_METHOD}",
+                     f"set speculative_config: {{method: {DRAFT_METHOD}, num_speculative_tokens: K}}")]
+        if "model" in spec:
+            return [(f"{key}.model", f"names a draft besides draft_model '{sc.draft_model_name}'",
+                     "keep one: draft_model (a models entry, fetched by the pipeline) or speculative_config.model")]
+        if "num_speculative_tokens" not in spec:
+            return [(f"{key}.num_speculative_tokens", f"{DRAFT_METHOD} needs the number of tokens to draft",
+                     "set num_speculative_tokens (e.g. 4)")]
+        return []
+
+    def speculation_requested(self, options, draft_model=None):
         spec = options.get("speculative_config")
         if not isinstance(spec, dict) or not spec:
             return None
@@ -160,7 +181,13 @@ class VLLMEngine(Engine):
             argv += ["--tokenizer", str(sc.model["tokenizer"])]
         if sc.model.get("load_format") == "dummy":
             argv += ["--load-format", "dummy"]
-        argv += self.option_argv(sc.options) + sc.extra_args
+        options = sc.options
+        draft = self.draft_path(sc)
+        if draft is not None:
+            # vLLM takes the draft inside the speculative config: {"method": "draft_model", "model": PATH, ...}
+            options = {**options, "speculative_config": {"method": DRAFT_METHOD,
+                                                         **options.get("speculative_config", {}), "model": str(draft)}}
+        argv += self.option_argv(options) + sc.extra_args
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
 
     def load_fields(self, sc):
