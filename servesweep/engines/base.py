@@ -49,6 +49,15 @@ def spec_counter_columns(drafted: float | None, accepted: float | None, verify: 
     return out
 
 
+def per_position_columns(accepted_by_position: dict[str, float], verify: float | None) -> dict:
+    """``spec_accept_rate_pos{k}``: the share of verify steps whose draft token at position ``k`` (0 first) was
+    accepted, from a per-position counter of accepted tokens differenced over the cell; none without verify steps."""
+    if not verify:
+        return {}
+    return {f"spec_accept_rate_pos{int(k)}": v / verify for k, v in sorted(accepted_by_position.items(),
+                                                                           key=lambda kv: int(kv[0]))}
+
+
 @dataclass
 class LaunchSpec:
     """How to start a server: argv, environment additions and the port it will listen on."""

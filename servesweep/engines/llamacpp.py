@@ -8,7 +8,7 @@ from pathlib import Path
 
 from servesweep import promtext
 from servesweep.engines import llamacpp_build
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_counter_columns
+from servesweep.engines.base import Engine, LaunchSpec, LogEvent, per_position_columns, spec_counter_columns
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
@@ -64,6 +64,9 @@ METRIC_DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens_total"
 METRIC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 METRIC_VERIFY_STEPS = "llamacpp:spec_decode_num_drafts_total"
 METRIC_DECODE_CALLS = "llamacpp:n_decode_total"
+# "Accepted tokens per draft position", one sample per position (label ``position``, 0 first), also always printed
+# (tests/data/llamacpp-0.3.36-draft/draft-metrics-after.txt).
+METRIC_ACCEPTED_PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
 _MODEL_LOADED = re.compile(r"model loaded|server is listening", re.I)
 
 
@@ -219,4 +222,5 @@ class LlamaCppEngine(Engine):
         elif draft_tokens is not None:
             out["spec_source"] = "metrics"
         out.update(spec_counter_columns(draft_tokens, accepted, verify))
+        out.update(per_position_columns(promtext.by_label(d, METRIC_ACCEPTED_PER_POSITION, "position"), verify))
         return out

@@ -14,7 +14,7 @@ import time
 
 from servesweep import promtext
 from servesweep.engines.base import (Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
-                                     spec_counter_columns)
+                                     per_position_columns, spec_counter_columns)
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
@@ -40,6 +40,8 @@ DRAFT_METHOD = "draft_model"
 METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+# "Accepted tokens per draft position." (label ``position``; tests/data/vllm-0.26.0-h200/gemma-ngram-metrics-end.prom)
+METRIC_ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 # "(APIServer pid=2338) INFO 11-30 21:12:49 [loggers.py:310] Engine 000: Avg prompt throughput: …, Running: 1 reqs"
 # The process tag (APIServer, EngineCore, EngineCore_DP1, Worker_TP0, "VllmWorker rank=0") is absent in older logs.
@@ -293,4 +295,5 @@ class VLLMEngine(Engine):
         accepted = promtext.total(d, METRIC_ACCEPTED)
         draft_tokens = promtext.total(d, METRIC_DRAFT_TOKENS)
         out.update(spec_counter_columns(draft_tokens, accepted, verify))
+        out.update(per_position_columns(promtext.by_label(d, METRIC_ACCEPTED_PER_POSITION, "position"), verify))
         return out

@@ -1,0 +1,141 @@
+"""Draft-model speculative decoding on all three engines: argv from a `draft_model` entry, refusals, the real
+llama-server 0.3.36 log and /metrics with a Qwen2.5-Coder 0.5B draft, and the "speculation never ran" gate."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from servesweep.config import ConfigError, ServerConfig, check_config
+from servesweep.engines import get_engine
+from servesweep.speculation import failed_speculation_configs, speculation_status
+
+DATA = Path(__file__).parent / "data" / "llamacpp-0.3.36-draft"
+SGLANG_FLAGS = set(json.loads((Path(__file__).parent / "data" / "sglang-flags-0.5.17.json").read_text())["flags"])
+DRAFT = Path("/models/qwen-0.5b")
+
+
+def _sc(engine, options, fmt, draft_path=DRAFT, draft_fmt=None):
+    return ServerConfig(name="d", engine=engine, model_name="qwen-1.5b", model={"format": fmt}, options=options,
+                        draft_model_name="qwen-0.5b", draft_model={"format": draft_fmt or fmt}, draft_path=draft_path)
+
+
+def _after(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+def test_llamacpp_argv_with_a_draft_model():
+    engine = get_engine("llamacpp")
+    argv = engine.launch(_sc("llamacpp", {"draft_max": 8, "draft_min": 2, "threads": 2}, "gguf"),
+                         Path("/m/t.gguf"), 8080, {"binary": "/bin/llama-server"}).argv
+    assert _after(argv, "--model-draft") == str(DRAFT)
+    # a plain (qwen2) draft GGUF names no drafter type, so without --spec-type the server would never draft
+    assert _after(argv, "--spec-type") == "draft-simple"
+    # 0.3.36's llama.cpp refuses --draft-max / --draft-min ("the argument has been removed")
+    assert (_after(argv, "--spec-draft-n-max"), _after(argv, "--spec-draft-n-min")) == ("8", "2")
+    assert "--draft-max" not in argv and "--draft-min" not in argv
+    explicit = engine.launch(_sc("llamacpp", {"spec_type": "draft-simple,ngram-simple"}, "gguf"), Path("/m/t.gguf"),
+                             8080, {"binary": "b"}).argv
+    assert explicit.count("--spec-type") == 1 and _after(explicit, "--spec-type") == "draft-simple,ngram-simple"
+
+
+def test_llamacpp_flags_are_the_ones_its_help_lists():
+    """Every flag the draft config spells appears in the real `llama-server --help` (captured beside the log)."""
+    help_text = (DATA / "help-speculative.txt").read_text()
+    argv = get_engine("llamacpp").launch(_sc("llamacpp", {"draft_max": 8, "draft_min": 1, "n_gpu_layers_draft": 0},
+                                             "gguf"), Path("/m/t.gguf"), 1, {"binary": "b"}).argv
+    for flag in ("--model-draft", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--n-gpu-layers-draft"):
+        assert flag in argv and flag in help_text, flag
+    assert "draft-simple" in help_text and "--draft-max N       the argument has been removed" in help_text
+
+
+def test_sglang_standalone_argv_uses_its_flag_names():
+    opts = {"speculative_algorithm": "standalone", "speculative_num_steps": 4, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 5, "max_running_requests": 64}
+    argv = get_engine("sglang").launch(_sc("sglang", opts, "hf"), Path("/m/t"), 30000,
+                                       {"python": "/py", "version": "0.5.17"}).argv
+    assert _after(argv, "--speculative-algorithm") == "STANDALONE"
+    assert _after(argv, "--speculative-draft-model-path") == str(DRAFT)
+    assert (_after(argv, "--speculative-num-steps"), _after(argv, "--speculative-eagle-topk"),
+            _after(argv, "--speculative-num-draft-tokens")) == ("4", "1", "5")
+    assert {a for a in argv if a.startswith("--")} <= SGLANG_FLAGS
+
+
+def test_vllm_draft_model_goes_into_the_speculative_config():
+    opts = {"speculative_config": {"method": "draft_model", "num_speculative_tokens": 4}}
+    argv = get_engine("vllm").launch(_sc("vllm", opts, "hf"), Path("/m/t"), 8000, {"executable": "/bin/vllm"}).argv
+    assert json.loads(_after(argv, "--speculative-config")) == {"method": "draft_model", "model": str(DRAFT),
+                                                                "num_speculative_tokens": 4}
+    assert opts["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 4}  # not mutated
+
+
+def test_a_draft_without_its_path_is_not_launched():
+    with pytest.raises(ValueError, match="draft model 'qwen-0.5b' has no path"):
+        get_engine("llamacpp").launch(_sc("llamacpp", {}, "gguf", draft_path=None), Path("/m"), 1, {"binary": "b"})
+
+
+@pytest.mark.parametrize("engine,options,fmt,draft_fmt,key,text", [
+    ("llamacpp", {}, "gguf", "hf", "draft_model", "format gguf"),
+    ("llamacpp", {"draft_model": "/x.gguf"}, "gguf", "gguf", "options.draft_model", "besides draft_model"),
+    ("llamacpp", {"spec_type": "draft"}, "gguf", "gguf", "options.spec_type", "unknown speculative type"),
+    ("sglang", {"speculative_algorithm": "STANDALONE"}, "hf", "gguf", "draft_model", "format hf"),
+    ("sglang", {"speculative_algorithm": "NGRAM"}, "hf", "hf", "draft_model", "draft-model algorithm"),
+    ("vllm", {}, "hf", "hf", "options.speculative_config", "method draft_model"),
+    ("vllm", {"speculative_config": {"method": "draft_model"}}, "hf", "hf", "num_speculative_tokens", "number"),
+    ("vllm", {"speculative_config": {"method": "draft_model", "model": "/d", "num_speculative_tokens": 2}}, "hf",
+     "hf", "speculative_config.model", "besides draft_model"),
+])
+def test_draft_configs_an_engine_cannot_serve_are_refused(engine, options, fmt, draft_fmt, key, text):
+    problems = get_engine(engine).config_problems(_sc(engine, options, fmt, draft_fmt=draft_fmt))
+    assert any(p[0].endswith(key) and text in p[1] for p in problems), problems
+
+
+def test_config_draft_model_must_name_a_models_entry():
+    base = {"models": {"t": {"source": {"local": "/t.gguf"}, "format": "gguf"},
+                       "d": {"source": {"local": "/d.gguf"}, "format": "gguf"}},
+            "baseline": "a", "matrix": {"context_lengths": [64], "concurrencies": [1], "output_tokens": 8}}
+    ok = check_config({**base, "server_configs": {"a": {"engine": "llamacpp", "model": "t", "draft_model": "d"}}})
+    sc = ServerConfig.from_config("a", ok)
+    assert (sc.draft_model_name, sc.draft_model["format"], sc.draft_path) == ("d", "gguf", None)
+    with pytest.raises(ConfigError, match="server_configs.a.draft_model.*'nope' is not defined"):
+        check_config({**base, "server_configs": {"a": {"engine": "llamacpp", "model": "t", "draft_model": "nope"}}})
+    with pytest.raises(ConfigError, match="own model"):
+        check_config({**base, "server_configs": {"a": {"engine": "llamacpp", "model": "t", "draft_model": "t"}}})
+
+
+# --- the real llama-server log and /metrics with the 0.5B draft ---------------------------------------------------
+
+def _real_cell(mode):
+    engine = get_engine("llamacpp")
+    events = engine.parse_log((DATA / f"{mode}-server.log").read_text())
+    return events, engine.cell_metrics(events, (DATA / f"{mode}-metrics-before.txt").read_text(),
+                                       (DATA / f"{mode}-metrics-after.txt").read_text(), [])
+
+
+def test_acceptance_from_the_real_draft_log_and_metrics():
+    events, m = _real_cell("draft")
+    lines = [e.fields for e in events if e.kind == "draft_acceptance"]
+    assert [(f["accepted"], f["generated"], f["mean_len"]) for f in lines] == [(53, 61, 6.89), (52, 81, 5.73)]
+    assert (m["spec_drafted_tokens"], m["spec_accepted_tokens"], m["spec_verify_steps"]) == (142.0, 105.0, 20.0)
+    assert m["accept_length"] == pytest.approx(1 + 105 / 20) and m["accept_rate"] == pytest.approx(105 / 142)
+    # the log's per-request acceptance agrees with the counters
+    assert sum(f["accepted"] for f in lines) == m["spec_accepted_tokens"]
+    assert sum(f["generated"] for f in lines) == m["spec_drafted_tokens"]
+    positions = [m[f"spec_accept_rate_pos{k}"] for k in range(8)]
+    assert positions[0] == pytest.approx(18 / 20) and positions[7] == pytest.approx(10 / 20)
+    assert positions == sorted(positions, reverse=True)  # a later position is accepted only after the earlier ones
+
+
+def test_gate_covers_draft_model_configs():
+    _, drafted = _real_cell("draft")
+    _, plain = _real_cell("draft-notype")
+    cells = pd.DataFrame([{"config": "draft", "ctx": 1024, "concurrency": 1, **drafted},
+                          {"config": "notype", "ctx": 1024, "concurrency": 1, **plain}])
+    metas = [{"config": "draft", "engine": "llamacpp", "options": {"draft_max": 8}, "draft_model": "qwen-0.5b"},
+             {"config": "notype", "engine": "llamacpp", "options": {}, "draft_model": "qwen-0.5b"}]
+    statuses = speculation_status(cells, metas)
+    assert statuses["draft"].requested == "draft-simple" and statuses["draft"].ran is True
+    assert "142 draft tokens proposed and 105 accepted" in statuses["draft"].reason
+    # the real server given --model-draft without --spec-type loaded the draft and proposed nothing
+    assert plain["spec_drafted_tokens"] == 0.0 and statuses["notype"].ran is False
+    assert failed_speculation_configs(statuses) == ["notype"]
