@@ -139,3 +139,16 @@ def test_gate_covers_draft_model_configs():
     # the real server given --model-draft without --spec-type loaded the draft and proposed nothing
     assert plain["spec_drafted_tokens"] == 0.0 and statuses["notype"].ran is False
     assert failed_speculation_configs(statuses) == ["notype"]
+
+
+def test_bench_job_needs_the_draft_manifest():
+    from servesweep.bench import run_config
+
+    config = check_config({
+        "models": {"t": {"source": {"local": "/t.gguf"}, "format": "gguf"},
+                   "d": {"source": {"local": "/d.gguf"}, "format": "gguf"}},
+        "server_configs": {"a": {"engine": "llamacpp", "model": "t", "draft_model": "d"}}, "baseline": "a",
+        "matrix": {"context_lengths": [64], "concurrencies": [1], "output_tokens": 8}})
+    for manifest in (None, {"model": "other", "path": "/x.gguf"}):
+        with pytest.raises(ValueError, match="manifest of its draft model 'd' was not given"):
+            run_config("a", config, {"path": "/t.gguf"}, {}, paths=None, draft_manifest=manifest)
