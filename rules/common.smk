@@ -92,11 +92,13 @@ def config_world_size(cfg):
 def warm_config(engine):
     """The config that warms `engine` on this host before the bench jobs: the baseline when it runs on that engine,
     else the first of its configs by name; None when `host.warm_start` is off or the engine's launches compile
-    nothing it keeps (a CPU engine, or configs that take no GPU)."""
+    nothing it keeps (a CPU engine, or configs that take no GPU); configs with a draft model are not chosen."""
     if not config["host"]["warm_start"] or not get_engine(engine).cache_dirs():
         return None
     names = [c for c in SERVER_CONFIGS if config["server_configs"][c]["engine"] == engine]
     names = [c for c in names if get_engine(engine).world_size(config["server_configs"][c].get("options", {}))]
+    # The warm-up job is given one model manifest: a config that also needs its draft model's cannot warm the host.
+    names = [c for c in names if not config["server_configs"][c].get("draft_model")]
     if not names:
         return None
     return BASELINE if BASELINE in names else names[0]
