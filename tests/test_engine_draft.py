@@ -152,3 +152,27 @@ def test_bench_job_needs_the_draft_manifest():
     for manifest in (None, {"model": "other", "path": "/x.gguf"}):
         with pytest.raises(ValueError, match="manifest of its draft model 'd' was not given"):
             run_config("a", config, {"path": "/t.gguf"}, {}, paths=None, draft_manifest=manifest)
+
+
+def test_cpu_qwen_draft_sweep_plans_with_the_draft_as_an_input():
+    """`snakemake -n --configfile=config/cpu-qwen-draft.yaml`: both models are downloaded and only the draft config's
+    bench job takes the draft's manifest."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1",
+                           "--configfile=config/cpu-qwen-draft.yaml"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    blocks = re.findall(r"rule (\w+):\n((?:    .*\n)+)", proc.stdout)
+    bench = {re.search(r"cfg=(\S+)", b).group(1): re.search(r"input: (.*)", b).group(1) for r, b in blocks
+             if r == "bench_config"}
+    assert sorted(bench) == ["ar", "draft", "ngram"]
+    assert "resources/models/qwen-coder-0.5b/manifest.json" in bench["draft"]
+    assert all("qwen-coder-0.5b" not in bench[c] for c in ("ar", "ngram"))
+    downloads = sorted(re.search(r"model=(\S+)", b).group(1) for r, b in blocks if r == "download_model")
+    assert downloads == ["qwen-coder-0.5b", "qwen-coder-1.5b"]
