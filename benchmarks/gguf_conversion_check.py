@@ -28,6 +28,16 @@ PROMPTS = [
     "Q: What is the largest planet in the solar system?\nA:",
 ]
 
+# Tokenizer-only texts: digits, runs of spaces and newlines, non-ASCII, contractions, chat special tokens.
+TOKENIZE_ONLY = [
+    "In 2024, 1234567 tokens cost $3.50 (≈ €3.20); π ≈ 3.14159.",
+    "    indented\n\n\n\tand tabbed   text  \r\n",
+    "Ünïcödé: naïve café, 日本語のテキスト, emoji 🙂👍, Ελληνικά",
+    "I'm sure they'll say it's fine, we'd've DON'T",
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n",
+    "x=[i**2 for i in range(10)]  # squares;\nprint(f\"{x!r}\")",
+]
+
 
 def _post(base, path, payload):
     req = urllib.request.Request(base + path, data=json.dumps(payload).encode(),
@@ -44,6 +54,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--record-tokenize", help="write llama-server's token ids of every prompt to this JSON file")
+    ap.add_argument("--tokenize-only", action="store_true",
+                    help="compare only the tokenizers, on the prompts and TOKENIZE_ONLY (no model is loaded in "
+                         "transformers, nothing is generated)")
     args = ap.parse_args()
 
     import torch
@@ -51,7 +64,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.hf)
-    model = AutoModelForCausalLM.from_pretrained(args.hf, dtype=torch.float32).eval()
+    model = None if args.tokenize_only else AutoModelForCausalLM.from_pretrained(args.hf, dtype=torch.float32).eval()
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,6 +81,21 @@ def main() -> int:
                         break
             except OSError:
                 time.sleep(0.5)
+        if args.tokenize_only:
+            texts = PROMPTS + TOKENIZE_ONLY
+            ll = [_post(base, "/tokenize", {"content": t, "add_special": True, "parse_special": True})["tokens"]
+                  for t in texts]
+            hf = [tok(t)["input_ids"] for t in texts]
+            for t, a, b in zip(texts, hf, ll):
+                print(json.dumps({"text": t[:50], "tokenizer_equal": a == b, "tokens": len(b)}, ensure_ascii=False))
+            print(json.dumps({"texts": len(texts), "tokenizer_equal": sum(a == b for a, b in zip(hf, ll))}))
+            if args.record_tokenize:
+                with open(args.record_tokenize, "w") as fh:
+                    json.dump({"made_by": "benchmarks/gguf_conversion_check.py --tokenize-only --record-tokenize",
+                               "gguf": args.gguf.split("/")[-1],
+                               "prompts": [{"text": t, "llama_server_ids": b} for t, b in zip(texts, ll)]},
+                              fh, indent=1, ensure_ascii=False)
+            return 0
         rows = []
         for prompt in PROMPTS:
             ids = tok(prompt)["input_ids"]
