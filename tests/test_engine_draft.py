@@ -176,3 +176,53 @@ def test_cpu_qwen_draft_sweep_plans_with_the_draft_as_an_input():
     assert all("qwen-coder-0.5b" not in bench[c] for c in ("ar", "ngram"))
     downloads = sorted(re.search(r"model=(\S+)", b).group(1) for r, b in blocks if r == "download_model")
     assert downloads == ["qwen-coder-0.5b", "qwen-coder-1.5b"]
+
+
+QWEN_DRAFT_GGUF = Path.home() / ".cache/servesweep/qwen/qwen-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+LLAMA_SERVER = Path.home() / ".cache/servesweep/llama.cpp-0.3.36-cpu/bin/llama-server"
+
+
+@pytest.mark.skipif(not (QWEN_DRAFT_GGUF.exists() and LLAMA_SERVER.exists()),
+                    reason="needs the assembled Qwen2.5-Coder-0.5B GGUF and the CPU llama-server build")
+def test_real_llama_server_drafts_with_a_draft_model(tmp_path):
+    """A real llama-server launched by the engine with a draft model drafts, and the gate says so. The 0.5B GGUF is
+    its own draft here (the cheapest real pair on two cores: the 1.5B target's fixture run is above); 16 tokens."""
+    import subprocess
+    import time
+    import urllib.request
+
+    from servesweep.lifecycle import free_port
+
+    engine, port = get_engine("llamacpp"), free_port()
+    sc = _sc("llamacpp", {"parallel": 1, "ctx_size": 1024, "threads": 2, "draft_max": 4}, "gguf",
+             draft_path=QWEN_DRAFT_GGUF)
+    argv = engine.launch(sc, QWEN_DRAFT_GGUF, port, {"binary": str(LLAMA_SERVER)}).argv
+    base = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "server.log", "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+                        break
+                except OSError:
+                    assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+                    time.sleep(0.5)
+            before = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+            body = json.dumps({"prompt": "def add(a, b):\n", "max_tokens": 16, "temperature": 0,
+                               "cache_prompt": False}).encode()
+            urllib.request.urlopen(urllib.request.Request(base + "/v1/completions", data=body,
+                                                          headers={"Content-Type": "application/json"}), timeout=300)
+            after = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    m = engine.cell_metrics(engine.parse_log((tmp_path / "server.log").read_text()), before, after, [])
+    assert m["spec_drafted_tokens"] > 0 and m["spec_verify_steps"] > 0, m
+    # a model drafting for itself: most of its greedy drafts are its own greedy tokens
+    assert m["accept_rate"] > 0.5, m
+    statuses = speculation_status(pd.DataFrame([{"config": "d", "ctx": 8, "concurrency": 1, **m}]),
+                                  [{"config": "d", "engine": "llamacpp", "options": sc.options,
+                                    "draft_model": sc.draft_model_name}])
+    assert statuses["d"].ran is True
