@@ -66,16 +66,19 @@ def get_engine_of(wildcards):
 def get_bench_params(wildcards):
     """Everything that defines one config's measurement: editing it reruns that config only."""
     entry = config["server_configs"][wildcards.cfg]
-    return {
+    run = {
         "server_config": entry,
         "model": config["models"][entry["model"]],
-        "draft_model": config["models"].get(entry.get("draft_model"), {}),
         "engine_settings": config.get("engines", {}).get(entry["engine"], {}),
         "matrix": config["matrix"],
         "correctness": config.get("correctness", {}),
         "slo": config.get("slo", {}),  # goodput per target is counted per request by the bench job
         "parallel_cpu_benches": config.get("host", {}).get("parallel_cpu_benches", False),
     }
+    # Only a config with a draft model gets the key: the params of every other config stay as they were.
+    if entry.get("draft_model"):
+        run["draft_model"] = config["models"][entry["draft_model"]]
+    return run
 
 
 def get_gpus(wildcards):

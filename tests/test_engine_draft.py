@@ -226,3 +226,13 @@ def test_real_llama_server_drafts_with_a_draft_model(tmp_path):
                                   [{"config": "d", "engine": "llamacpp", "options": sc.options,
                                     "draft_model": sc.draft_model_name}])
     assert statuses["d"].ran is True
+
+
+def test_lossless_check_counts_a_draft_model_config_as_speculative():
+    from dataclasses import asdict
+
+    from servesweep.correctness.lossless import is_speculative
+
+    assert is_speculative(asdict(_sc("llamacpp", {}, "gguf")))  # what the bench job asks
+    assert is_speculative({"config": "d", "options": {}, "labels": {}, "draft_model": "qwen-0.5b"})  # a run's meta
+    assert not is_speculative({"config": "ar", "options": {}, "labels": {"speculative": "none"}})
