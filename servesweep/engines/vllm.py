@@ -30,8 +30,9 @@ OPTIONS = {
     "trust_remote_code": ("--trust-remote-code", "flag"),
 }
 POSITIVE_INT_OPTIONS = ("tp", "pp", "dp", "max_model_len", "max_num_seqs")
-# SpeculativeConfig.method for a separate small model (vllm/config/speculative.py, SpeculativeMethod); its other
-# keys: model (the draft's path), num_speculative_tokens, draft_tensor_parallel_size.
+# SpeculativeConfig.method for a separate small model (SpeculativeMethod in vllm/config/speculative.py, read on
+# vLLM's main branch at commit 002e77c; the 0.26.0 tag was not read line by line); its other keys: model (the
+# draft's path), num_speculative_tokens, draft_tensor_parallel_size. Not yet launched on a GPU.
 DRAFT_METHOD = "draft_model"
 
 # Speculative counters (vllm/v1/spec_decode/metrics.py, SpecDecodingProm): prometheus_client Counters named
