@@ -179,7 +179,9 @@ def test_cpu_qwen_draft_sweep_plans_with_the_draft_as_an_input():
 
 
 QWEN_DRAFT_GGUF = Path.home() / ".cache/servesweep/qwen/qwen-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-LLAMA_SERVER = Path.home() / ".cache/servesweep/llama.cpp-0.3.36-cpu/bin/llama-server"
+# the CPU build llama_cpp_build caches (its folder name may carry a host suffix)
+LLAMA_SERVER = next(iter(sorted((Path.home() / ".cache/servesweep").glob("llama.cpp-0.3.36-cpu*/bin/llama-server"))),
+                    Path("/nonexistent/llama-server"))
 
 
 @pytest.mark.skipif(not (QWEN_DRAFT_GGUF.exists() and LLAMA_SERVER.exists()),
