@@ -2,6 +2,7 @@ rule bench_config:
     """One launch of one config: block {block} of the sweep."""
     input:
         model=get_model_of,
+        draft_model=get_draft_model_of,
         # Re-checking the host or re-preparing an engine must not re-benchmark every config: order only.
         engine=lambda wc: ancient(get_engine_of(wc)),
         env=ancient(f"results/env/{HOST}.json"),

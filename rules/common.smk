@@ -56,6 +56,12 @@ def model_manifest(cfg):
     return f"resources/models/{config['server_configs'][cfg]['model']}/manifest.json"
 
 
+def get_draft_model_of(wildcards):
+    """The manifest of a config's draft model (`draft_model`, another models entry), or nothing."""
+    draft = config["server_configs"][wildcards.cfg].get("draft_model")
+    return [f"resources/models/{draft}/manifest.json"] if draft else []
+
+
 def get_source_manifests(wildcards):
     """Manifests of the models a model is built from (`source.gguf_to_hf.model`)."""
     ref = config["models"][wildcards.model]["source"].get("gguf_to_hf", {}).get("model")
@@ -70,7 +76,7 @@ def get_engine_of(wildcards):
 def get_bench_params(wildcards):
     """Everything that defines one config's measurement: editing it reruns that config only."""
     entry = config["server_configs"][wildcards.cfg]
-    return {
+    run = {
         "server_config": entry,
         "model": config["models"][entry["model"]],
         "engine_settings": config.get("engines", {}).get(entry["engine"], {}),
@@ -80,6 +86,10 @@ def get_bench_params(wildcards):
         # how this host's resources are leased (docs/faults.md): the lock folder and waiting or refusing when busy
         "host": {k: config["host"].get(k) for k in ("parallel_cpu_benches", "lock_dir", "when_busy")},
     }
+    # Only a config with a draft model gets the key: the params of every other config stay as they were.
+    if entry.get("draft_model"):
+        run["draft_model"] = config["models"][entry["draft_model"]]
+    return run
 
 
 def block_priority(wildcards):
@@ -115,11 +125,13 @@ def config_world_size(cfg):
 def warm_config(engine):
     """The config that warms `engine` on this host before the bench jobs: the baseline when it runs on that engine,
     else the first of its configs by name; None when `host.warm_start` is off or the engine's launches compile
-    nothing it keeps (a CPU engine, or configs that take no GPU)."""
+    nothing it keeps (a CPU engine, or configs that take no GPU); configs with a draft model are not chosen."""
     if not config["host"]["warm_start"] or not get_engine(engine).cache_dirs():
         return None
     names = [c for c in SERVER_CONFIGS if config["server_configs"][c]["engine"] == engine]
     names = [c for c in names if get_engine(engine).world_size(config["server_configs"][c].get("options", {}))]
+    # The warm-up job is given one model manifest: a config that also needs its draft model's cannot warm the host.
+    names = [c for c in names if not config["server_configs"][c].get("draft_model")]
     if not names:
         return None
     return BASELINE if BASELINE in names else names[0]
@@ -168,7 +180,8 @@ def get_engines_used():
 
 
 def get_models_used():
-    return sorted({sc["model"] for sc in config["server_configs"].values()})
+    used = {sc["model"] for sc in config["server_configs"].values()}
+    return sorted(used | {sc["draft_model"] for sc in config["server_configs"].values() if sc.get("draft_model")})
 
 
 def get_run_outputs(name):

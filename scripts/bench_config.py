@@ -22,6 +22,9 @@ config = {
     "slo": run["slo"],
     "host": run["host"],
 }
+draft = run["server_config"].get("draft_model")
+if draft:
+    config["models"][draft] = run["draft_model"]
 out = snakemake.output
 paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
                  Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg, block=block.index).attempt_dir)
@@ -30,6 +33,7 @@ correctness = CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy))
 run_config(cfg, config, json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)), paths,
            # The correctness checks judge the config, not a launch: they run once, in its first block.
            correctness_outputs=correctness if block.index == 0 else None,
-           host_warmup=json.load(open(warm[0])) if warm else None, block=block)
+           host_warmup=json.load(open(warm[0])) if warm else None, block=block,
+           draft_manifest=json.load(open(snakemake.input.draft_model[0])) if draft else None)
 if block.index != 0:
     correctness.skipped(cfg, "run once per config, in block 0")

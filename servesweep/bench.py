@@ -370,15 +370,22 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
 
 def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths,
                correctness_outputs: CorrectnessOutputs | None = None, host_warmup: dict | None = None,
-               block: Block = Block()) -> dict:
+               block: Block = Block(), draft_manifest: dict | None = None) -> dict:
     """The whole job for one server config. Returns meta; raises after writing what was measured on failure.
 
     With ``correctness_outputs``, the coding eval and the lossless check's greedy completions follow the matrix
     while the server is still up. ``host_warmup``: what the host's warm-up launch of this engine took
     (:func:`servesweep.warmup.warm_host`), kept in meta.json for the report. ``block``: which launch of the config
-    this is (every row and request carries it).
+    this is (every row and request carries it). ``draft_manifest``: the manifest of
+    the config's ``draft_model`` (required when it names one).
     """
     sc = ServerConfig.from_config(cfg_name, config)
+    if sc.draft_model_name is not None:
+        if not draft_manifest or draft_manifest.get("model") != sc.draft_model_name:
+            raise ValueError(f"config '{cfg_name}': the manifest of its draft model '{sc.draft_model_name}' was not "
+                             f"given (got {(draft_manifest or {}).get('model')!r}) — fix: pass it as the bench job's "
+                             "draft_model input")
+        sc = replace(sc, draft_path=Path(draft_manifest["path"]))
     engine = get_engine(sc.engine)
     matrix = Matrix.from_config(config["matrix"], sc.workloads, sc.request_rates)
     world = engine.world_size(sc.options)
@@ -422,6 +429,9 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
         "matrix": config["matrix"], "request_rates": matrix.request_rates,
         "slo": config.get("slo") or {}, "status": "running", **block.columns(),
     }
+    if sc.draft_model_name is not None:
+        meta["draft_model"] = sc.draft_model_name
+        meta["draft_model_path"] = str(sc.draft_path)
     meta["warnings"] += reaped
     meta["host_lease"] = {"locks": [p.name for p in lease.paths], "waited_s": lease.waited_s}
     if host_warmup:

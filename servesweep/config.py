@@ -10,6 +10,7 @@ import importlib.resources
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 
@@ -111,6 +112,7 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
             problems.append((f"models.{name}", "name is not usable in file paths",
                              "use letters, digits, '.', '_', '+', '-' and start with a letter or digit"))
     problems += _gguf_to_hf_problems(models)
+    problems += _package_chunks_problems(models)
     for name in configs:
         if not WILDCARD_SAFE.match(name):
             problems.append((f"server_configs.{name}", "name is not usable as a wildcard or file name",
@@ -133,6 +135,14 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
             problems.append((f"server_configs.{name}.model", f"model '{model}' is not defined under models",
                              f"add models.{model} or use one of: {', '.join(sorted(models))}"))
             continue
+        draft = sc.get("draft_model")
+        if draft is not None and draft not in models:
+            problems.append((f"server_configs.{name}.draft_model", f"model '{draft}' is not defined under models",
+                             f"add models.{draft} or use one of: {', '.join(sorted(models))}"))
+            continue
+        if draft is not None and draft == model:
+            problems.append((f"server_configs.{name}.draft_model", f"is the config's own model '{model}'",
+                             "name a smaller model with the same tokenizer"))
         for key, value in sc.get("env", {}).items():
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
                 problems.append((f"server_configs.{name}.env.{key}", "is not a valid environment variable name",
@@ -234,6 +244,24 @@ def _gguf_to_hf_problems(models: dict) -> list[tuple[str, str, str]]:
         if model.get("sha256"):
             problems.append((f"models.{name}.sha256", "a converted folder has no single-file sha256",
                              "remove it; the manifest records the sha256 of every written file and of the GGUF"))
+    return problems
+
+
+def _package_chunks_problems(models: dict) -> list[tuple[str, str, str]]:
+    """A ``package_chunks`` source assembles third-party data: its sha256 must be pinned, its packages distinct."""
+    problems = []
+    for name, model in models.items():
+        spec = (model.get("source") or {}).get("package_chunks")
+        if spec is None:
+            continue
+        if not model.get("sha256"):
+            problems.append((f"models.{name}.sha256", "is required for a package_chunks source (the packages are "
+                             "third-party data, checked only by this hash)",
+                             "pin the sha256 of the assembled file (run it once, read it from the manifest)"))
+        packages = [str(p).split("==")[0].lower() for p in spec.get("packages", [])]
+        if len(set(packages)) != len(packages):
+            problems.append((f"models.{name}.source.package_chunks.packages", "names a package twice",
+                             "list each chunk package once, in the order of its part number"))
     return problems
 
 
@@ -477,6 +505,9 @@ class ServerConfig:
     engine_settings: dict = field(default_factory=dict)
     workloads: list | None = None  # the config's own workloads, overriding the matrix's
     request_rates: list | None = None  # the config's own rate axis, overriding the matrix's
+    draft_model_name: str | None = None  # `draft_model`: another models entry, the draft of speculative decoding
+    draft_model: dict | None = None
+    draft_path: Path | None = None  # where the draft is on this host: set by the bench job from its manifest
 
     @classmethod
     def from_config(cls, name: str, config: dict) -> "ServerConfig":
@@ -496,6 +527,8 @@ class ServerConfig:
             engine_settings=dict(config.get("engines", {}).get(sc["engine"], {})),
             workloads=list(sc["workloads"]) if sc.get("workloads") else None,
             request_rates=[float(r) for r in sc["request_rates"]] if "request_rates" in sc else None,
+            draft_model_name=sc.get("draft_model"),
+            draft_model=config["models"].get(sc["draft_model"]) if sc.get("draft_model") else None,
         )
 
     @property

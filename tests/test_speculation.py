@@ -113,14 +113,18 @@ def test_speculation_requested_per_engine():
     llama, sglang, vllm = (get_engine(n) for n in ("llamacpp", "sglang", "vllm"))
     assert llama.speculation_requested({"spec_type": "ngram-simple"}) == "ngram-simple"
     assert llama.speculation_requested({"spec_type": "none"}) is None
-    assert llama.speculation_requested({"draft_model": "/d.gguf"}) == "draft"
-    assert llama.speculation_requested({"spec_type": "draft", "draft_model": "/d.gguf"}) == "draft"
+    assert llama.speculation_requested({"draft_model": "/d.gguf"}) == "draft-simple"
+    assert llama.speculation_requested({}, draft_model="qwen-0.5b") == "draft-simple"
+    assert llama.speculation_requested({"spec_type": "draft-simple", "draft_model": "/d.gguf"}) == "draft-simple"
     assert llama.speculation_requested({"parallel": 4}) is None
     assert sglang.speculation_requested({"speculative_algorithm": "dflash"}) == "DFLASH"
     assert sglang.speculation_requested({"speculative_algorithm": "NONE"}) is None
     assert sglang.speculation_requested({"tp": 2}) is None
+    assert sglang.speculation_requested({"speculative_algorithm": "standalone"}, draft_model="d") == "STANDALONE"
     assert vllm.speculation_requested({"speculative_config": {"method": "eagle3", "model": "d"}}) == "eagle3"
     assert vllm.speculation_requested({"speculative_config": {"model": "d", "num_speculative_tokens": 3}}) == \
         "draft_model"
     assert vllm.speculation_requested({"speculative_config": None}) is None
     assert vllm.speculation_requested({}) is None
+    assert vllm.speculation_requested({"speculative_config": {"method": "draft_model", "num_speculative_tokens": 4}},
+                                      draft_model="d") == "draft_model"

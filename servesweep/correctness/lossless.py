@@ -28,8 +28,12 @@ _OFF = (None, False, "", "none", "None", 0)
 
 
 def is_speculative(server_config: dict) -> bool:
-    """Whether a config decodes speculatively: its ``labels.speculative`` says so, or an option or flag turns it on."""
+    """Whether a config decodes speculatively: its ``labels.speculative`` says so, it names a draft model, or an option
+    or flag turns it on."""
     if server_config.get("labels", {}).get("speculative") not in _OFF:
+        return True
+    # a draft model entry: `draft_model` in a config or a run's meta, `draft_model_name` in a ServerConfig
+    if server_config.get("draft_model") or server_config.get("draft_model_name"):
         return True
     options = server_config.get("options", {})
     if any(options.get(key) not in _OFF for key in _SPECULATIVE_OPTIONS):

@@ -51,6 +51,15 @@ def spec_counter_columns(drafted: float | None, accepted: float | None, verify: 
     return out
 
 
+def per_position_columns(accepted_by_position: dict[str, float], verify: float | None) -> dict:
+    """``spec_accept_rate_pos{k}``: the share of verify steps whose draft token at position ``k`` (0 first) was
+    accepted, from a per-position counter of accepted tokens differenced over the cell; none without verify steps."""
+    if not verify:
+        return {}
+    return {f"spec_accept_rate_pos{int(k)}": v / verify for k, v in sorted(accepted_by_position.items(),
+                                                                           key=lambda kv: int(kv[0]))}
+
+
 @dataclass
 class LaunchSpec:
     """How to start a server: argv, environment additions and the port it will listen on."""
@@ -125,6 +134,8 @@ class Engine(abc.ABC):
     # for: a config may not set them through ``extra_args`` or ``options`` (``managed_flag_problems``).
     managed_flags: dict[str, str] = {}
     host_needs = HostNeeds()
+    # Model formats the engine takes as a `draft_model` (another models entry); none: it serves no draft model.
+    draft_formats: tuple[str, ...] = ()
     # The JSON body of POST /tokenize: (text field, "add special tokens" field); special tokens are never added.
     tokenize_fields = ("prompt", "add_special_tokens")
 
@@ -134,7 +145,7 @@ class Engine(abc.ABC):
         """Every problem of one server config, run before any server starts: unknown or mistyped options first (the
         engine's own checks assume well-typed values), then the engine's checks against the sweep's ``matrix``, then
         the GPUs it needs against ``host_gpus`` (None: the host's count is not stated)."""
-        problems = self.option_problems(sc) + self.managed_flag_problems(sc)
+        problems = self.option_problems(sc) + self.managed_flag_problems(sc) + self.draft_problems(sc)
         if problems:
             return problems
         problems = self.engine_problems(sc, matrix)
@@ -187,6 +198,31 @@ class Engine(abc.ABC):
             return "the pipeline picks a free port on 127.0.0.1 for every launch and waits on it"
         return "servesweep sets it for every launch; a server it cannot measure this way is not supported"
 
+    def draft_problems(self, sc: ServerConfig) -> list[Problem]:
+        """A ``draft_model`` the engine cannot take: it serves none, or not in that model's format."""
+        if sc.draft_model_name is None:
+            return []
+        key = f"server_configs.{sc.name}.draft_model"
+        if not self.draft_formats:
+            return [(key, f"{self.label} takes no draft model", "remove draft_model")]
+        fmt = (sc.draft_model or {}).get("format", "hf")
+        if fmt not in self.draft_formats:
+            return [(key, f"model '{sc.draft_model_name}' has format {fmt}; {self.label} takes a draft model in "
+                     f"format {' or '.join(self.draft_formats)}",
+                     f"name a models entry of format {self.draft_formats[0]}"
+                     + (" (a gguf_to_hf entry converts a GGUF)" if self.draft_formats[0] == "hf" else ""))]
+        return []
+
+    def draft_path(self, sc: ServerConfig) -> Path | None:
+        """The path of the config's draft model on this host; None without one. Raises when the config names a
+        draft whose path the bench job did not set (its manifest was not passed)."""
+        if sc.draft_model_name is None:
+            return None
+        if sc.draft_path is None:
+            raise ValueError(f"config '{sc.name}': draft model '{sc.draft_model_name}' has no path — fix: pass its "
+                             "manifest to the bench job (the bench rule's draft_model input)")
+        return Path(sc.draft_path)
+
     def engine_problems(self, sc: ServerConfig, matrix: Matrix | None) -> list[Problem]:
         """The engine's own checks of a config whose options are known and well typed."""
         return []
@@ -203,8 +239,9 @@ class Engine(abc.ABC):
         """How ``world_size`` was reached, for messages (e.g. 'tp 8 × pp 2')."""
         return "from its options"
 
-    def speculation_requested(self, options: dict) -> str | None:
-        """The speculative-decoding method a config's structured options ask for, or None when they ask for none."""
+    def speculation_requested(self, options: dict, draft_model: str | None = None) -> str | None:
+        """The speculative-decoding method a config's structured options (and its ``draft_model``, a models entry
+        name or None) ask for, or None when they ask for none."""
         return None
 
     # --- preparation and launch --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from servesweep import promtext
 from servesweep.engines import llamacpp_build
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent, spec_counter_columns
+from servesweep.engines.base import Engine, LaunchSpec, LogEvent, per_position_columns, spec_counter_columns
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
@@ -26,14 +26,23 @@ OPTIONS = {
     "cache_type_v": ("--cache-type-v", "value"),
     "spec_type": ("--spec-type", "value"),
     "draft_model": ("--model-draft", "value"),
-    "draft_max": ("--draft-max", "value"),
-    "draft_min": ("--draft-min", "value"),
+    # The vendored llama.cpp of 0.3.36 removed --draft-max / --draft-min ("the argument has been removed. use
+    # --spec-draft-n-max or --spec-ngram-mod-n-max", common/arg.cpp): the keys keep their names, the flags are new.
+    "draft_max": ("--spec-draft-n-max", "value"),
+    "draft_min": ("--spec-draft-n-min", "value"),
     "spec_ngram_size_n": ("--spec-ngram-simple-size-n", "value"),
     "spec_ngram_size_m": ("--spec-ngram-simple-size-m", "value"),
     "spec_ngram_min_hits": ("--spec-ngram-simple-min-hits", "value"),
     "n_gpu_layers_draft": ("--n-gpu-layers-draft", "value"),
 }
-SPEC_TYPES = {"none", "draft", "eagle3", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}
+# common_speculative_type_from_name_map (common/speculative.cpp of the vendored llama.cpp).
+SPEC_TYPES = {"none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
+              "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}
+# A draft model without --spec-type drafts only when its GGUF says what kind of drafter it is (MTP, DFlash, ...): for
+# a plain model (qwen2, llama, ...) common_speculative_types_from_gguf finds nothing and the types stay "none", so
+# the server loads the draft model and never drafts. servesweep asks for this type then.
+PLAIN_DRAFT_TYPE = "draft-simple"
+DRAFT_TYPES = {t for t in SPEC_TYPES if t.startswith("draft-")}
 
 _FAILURE = re.compile(r"(error|failed|out of memory|abort|segmentation fault)", re.I)
 # llama-server prints this once per finished request that drafted at least one token (server_slot::print_timings,
@@ -55,6 +64,9 @@ METRIC_DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens_total"
 METRIC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 METRIC_VERIFY_STEPS = "llamacpp:spec_decode_num_drafts_total"
 METRIC_DECODE_CALLS = "llamacpp:n_decode_total"
+# "Accepted tokens per draft position", one sample per position (label ``position``, 0 first), also always printed
+# (tests/data/llamacpp-0.3.36-draft/draft-metrics-after.txt).
+METRIC_ACCEPTED_PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
 _MODEL_LOADED = re.compile(r"model loaded|server is listening", re.I)
 
 
@@ -80,6 +92,7 @@ class LlamaCppEngine(Engine):
         "--api-key": "unauthenticated requests of the load generator", "--api-key-file": "unauthenticated requests",
         "--path": "the API routes it calls", "--api-prefix": "the API routes it calls",
     }
+    draft_formats = ("gguf",)
 
     def engine_problems(self, sc, matrix):
         opts, key = sc.options, f"server_configs.{sc.name}.options"
@@ -90,9 +103,17 @@ class LlamaCppEngine(Engine):
             if bad:
                 problems.append((f"{key}.spec_type", f"unknown speculative type(s) {bad}",
                                  f"use one of {sorted(SPEC_TYPES)}"))
-            if "draft" in types and "draft_model" not in opts:
-                problems.append((f"{key}.draft_model", "spec_type 'draft' needs a draft model",
-                                 "set options.draft_model to a GGUF path"))
+            if set(types) & DRAFT_TYPES and "draft_model" not in opts and sc.draft_model_name is None:
+                problems.append((f"server_configs.{sc.name}.draft_model",
+                                 f"spec_type {opts['spec_type']} needs a draft model",
+                                 "set draft_model to a models entry of format gguf"))
+        if "draft_model" in opts and sc.draft_model_name is not None:
+            problems.append((f"{key}.draft_model", f"names a draft besides draft_model '{sc.draft_model_name}'",
+                             "keep one: draft_model (a models entry, fetched by the pipeline) or options.draft_model "
+                             "(a GGUF path)"))
+        if ("draft_max" in opts or "draft_min" in opts) and not self.speculation_requested(opts, sc.draft_model_name):
+            problems.append((f"{key}.draft_max", "draft_max / draft_min are set but no speculative decoding is",
+                             "set draft_model or spec_type, or remove them"))
         if sc.model.get("format") != "gguf":
             problems.append((f"models.{sc.model_name}.format", "llama.cpp serves GGUF files only",
                              "point this config at a model with format: gguf"))
@@ -110,12 +131,13 @@ class LlamaCppEngine(Engine):
     def world_size(self, options):
         return 1 if int(options.get("n_gpu_layers", 0) or 0) != 0 else 0
 
-    def speculation_requested(self, options):
+    def speculation_requested(self, options, draft_model=None):
         types = [t.strip() for t in str(options.get("spec_type") or "").split(",") if t.strip() and t.strip() != "none"]
         if types:
             return ",".join(types)
-        # A draft model without --spec-type: llama-server infers the type from the draft GGUF.
-        return "draft" if options.get("draft_model") and "spec_type" not in options else None
+        # A draft model without spec_type: launch asks for PLAIN_DRAFT_TYPE.
+        has_draft = options.get("draft_model") or draft_model
+        return PLAIN_DRAFT_TYPE if has_draft and "spec_type" not in options else None
 
     def world_size_terms(self, options):
         return "n_gpu_layers ≠ 0"
@@ -136,6 +158,11 @@ class LlamaCppEngine(Engine):
     def launch(self, sc, model_path, port, prepared):
         argv = [prepared["binary"], "--model", str(model_path), "--alias", sc.served_name,
                 "--host", "127.0.0.1", "--port", str(port), "--metrics", "--log-timestamps", "--log-prefix"]
+        draft = self.draft_path(sc)
+        if draft is not None:
+            argv += ["--model-draft", str(draft)]
+        if (draft is not None or sc.options.get("draft_model")) and "spec_type" not in sc.options:
+            argv += ["--spec-type", PLAIN_DRAFT_TYPE]
         argv += self.option_argv(sc.options) + sc.extra_args
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
 
@@ -210,4 +237,5 @@ class LlamaCppEngine(Engine):
         elif draft_tokens is not None:
             out["spec_source"] = "metrics"
         out.update(spec_counter_columns(draft_tokens, accepted, verify))
+        out.update(per_position_columns(promtext.by_label(d, METRIC_ACCEPTED_PER_POSITION, "position"), verify))
         return out

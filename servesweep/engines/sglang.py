@@ -289,6 +289,7 @@ class SGLangEngine(Engine):
     positive_int_options = POSITIVE_INT_OPTIONS
     bool_options = BOOL_OPTIONS
     host_needs = HostNeeds(modules=("sglang",), gpu_jit=True, flashinfer=True)
+    draft_formats = ("hf",)
 
     # --- configuration -----------------------------------------------------------------------------------
     def engine_problems(self, sc, matrix):
@@ -319,9 +320,9 @@ class SGLangEngine(Engine):
                 problems.append((f"{key}.speculative_dflash_block_size",
                                  f"block size {block} differs from speculative_num_draft_tokens {draft}; SGLang "
                                  "requires them equal for DFLASH", "set only one of the two"))
-        elif spec in DRAFT_MODEL_REQUIRED and "speculative_draft_model" not in opts:
+        elif spec in DRAFT_MODEL_REQUIRED and "speculative_draft_model" not in opts and sc.draft_model_name is None:
             problems.append((f"{key}.speculative_draft_model", f"{spec} needs a draft model",
-                             "set speculative_draft_model"))
+                             "set draft_model (a models entry) or options.speculative_draft_model"))
         if "ddtree_budget" in opts and spec != "DDTREE":
             problems.append((f"{key}.ddtree_budget", "only applies to speculative_algorithm DDTREE",
                              "set speculative_algorithm: DDTREE or remove ddtree_budget"))
@@ -349,6 +350,20 @@ class SGLangEngine(Engine):
         return [(key, f"installed SGLang {version} rejects it: {p}",
                  "set engines.sglang.version to the installed version, or fix extra_args")
                 for p in flag_problems(argv, accepted)]
+
+    def draft_problems(self, sc):
+        problems = super().draft_problems(sc)
+        if problems or sc.draft_model_name is None:
+            return problems
+        key, spec = f"server_configs.{sc.name}", _spec(sc.options)
+        if "speculative_draft_model" in sc.options:
+            return [(f"{key}.options.speculative_draft_model",
+                     f"names a draft besides draft_model '{sc.draft_model_name}'",
+                     "keep one: draft_model (a models entry, fetched by the pipeline) or the option (a path or repo)")]
+        if spec not in DRAFT_MODEL_REQUIRED:
+            return [(f"{key}.draft_model", f"a draft model needs a draft-model algorithm, not {spec}",
+                     "set options.speculative_algorithm: STANDALONE (a separate small model of the same tokenizer)")]
+        return []
 
     def config_warnings(self, sc):
         opts = sc.options
@@ -416,7 +431,7 @@ class SGLangEngine(Engine):
             return ["--cuda-graph-backend-prefill", "disabled"] if per_phase else ["--disable-piecewise-cuda-graph"]
         return []
 
-    def speculation_requested(self, options):
+    def speculation_requested(self, options, draft_model=None):
         return _spec(options)
 
     def cache_dirs(self, env=None):
@@ -458,6 +473,9 @@ class SGLangEngine(Engine):
             argv += ["--tokenizer-path", str(sc.model["tokenizer"])]
         if sc.model.get("load_format") == "dummy":
             argv += ["--load-format", "dummy"]
+        draft = self.draft_path(sc)
+        if draft is not None:
+            argv += [OPTIONS["speculative_draft_model"][0], str(draft)]
         argv += self.option_argv(sc.options, version=prepared.get("flag_version")
                                  or flag_version(sc.engine_settings, prepared))
         argv += sc.extra_args

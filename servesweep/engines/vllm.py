@@ -14,7 +14,7 @@ import time
 
 from servesweep import promtext
 from servesweep.engines.base import (Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
-                                     spec_counter_columns)
+                                     per_position_columns, spec_counter_columns)
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
@@ -30,6 +30,10 @@ OPTIONS = {
     "trust_remote_code": ("--trust-remote-code", "flag"),
 }
 POSITIVE_INT_OPTIONS = ("tp", "pp", "dp", "max_model_len", "max_num_seqs")
+# SpeculativeConfig.method for a separate small model (SpeculativeMethod in vllm/config/speculative.py, read on
+# vLLM's main branch at commit 002e77c; the 0.26.0 tag was not read line by line); its other keys: model (the
+# draft's path), num_speculative_tokens, draft_tensor_parallel_size. Not yet launched on a GPU.
+DRAFT_METHOD = "draft_model"
 
 # Speculative counters (vllm/v1/spec_decode/metrics.py, SpecDecodingProm): prometheus_client Counters named
 # ``vllm:spec_decode_num_drafts`` ("Number of spec decoding drafts.", one per request per step that carried a draft),
@@ -37,6 +41,8 @@ POSITIVE_INT_OPTIONS = ("tp", "pp", "dp", "max_model_len", "max_num_seqs")
 METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+# "Accepted tokens per draft position." (label ``position``; tests/data/vllm-0.26.0-h200/gemma-ngram-metrics-end.prom)
+METRIC_ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 # "(APIServer pid=2338) INFO 11-30 21:12:49 [loggers.py:310] Engine 000: Avg prompt throughput: …, Running: 1 reqs"
 # The process tag (APIServer, EngineCore, EngineCore_DP1, Worker_TP0, "VllmWorker rank=0") is absent in older logs.
@@ -118,6 +124,7 @@ class VLLMEngine(Engine):
     options = OPTIONS
     positive_int_options = POSITIVE_INT_OPTIONS
     host_needs = HostNeeds(modules=("vllm",), gpu_jit=True)
+    draft_formats = ("hf",)
 
     def cache_dirs(self, env=None):
         # vLLM's torch.compile and CUDA-graph caches, and FlashInfer's JIT kernels where it uses them.
@@ -134,7 +141,24 @@ class VLLMEngine(Engine):
                      "set pp: 1, or remove speculative_config")]
         return []
 
-    def speculation_requested(self, options):
+    def draft_problems(self, sc):
+        problems = super().draft_problems(sc)
+        if problems or sc.draft_model_name is None:
+            return problems
+        key = f"server_configs.{sc.name}.options.speculative_config"
+        spec = sc.options.get("speculative_config")
+        if not isinstance(spec, dict) or spec.get("method", DRAFT_METHOD) != DRAFT_METHOD:
+            return [(key, f"draft_model '{sc.draft_model_name}' needs speculative_config with method {DRAFT_METHOD}",
+                     f"set speculative_config: {{method: {DRAFT_METHOD}, num_speculative_tokens: K}}")]
+        if "model" in spec:
+            return [(f"{key}.model", f"names a draft besides draft_model '{sc.draft_model_name}'",
+                     "keep one: draft_model (a models entry, fetched by the pipeline) or speculative_config.model")]
+        if "num_speculative_tokens" not in spec:
+            return [(f"{key}.num_speculative_tokens", f"{DRAFT_METHOD} needs the number of tokens to draft",
+                     "set num_speculative_tokens (e.g. 4)")]
+        return []
+
+    def speculation_requested(self, options, draft_model=None):
         spec = options.get("speculative_config")
         if not isinstance(spec, dict) or not spec:
             return None
@@ -168,7 +192,13 @@ class VLLMEngine(Engine):
             argv += ["--tokenizer", str(sc.model["tokenizer"])]
         if sc.model.get("load_format") == "dummy":
             argv += ["--load-format", "dummy"]
-        argv += self.option_argv(sc.options) + sc.extra_args
+        options = sc.options
+        draft = self.draft_path(sc)
+        if draft is not None:
+            # vLLM takes the draft inside the speculative config: {"method": "draft_model", "model": PATH, ...}
+            options = {**options, "speculative_config": {"method": DRAFT_METHOD,
+                                                         **options.get("speculative_config", {}), "model": str(draft)}}
+        argv += self.option_argv(options) + sc.extra_args
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
 
     def load_fields(self, sc):
@@ -274,4 +304,5 @@ class VLLMEngine(Engine):
         accepted = promtext.total(d, METRIC_ACCEPTED)
         draft_tokens = promtext.total(d, METRIC_DRAFT_TOKENS)
         out.update(spec_counter_columns(draft_tokens, accepted, verify))
+        out.update(per_position_columns(promtext.by_label(d, METRIC_ACCEPTED_PER_POSITION, "position"), verify))
         return out
