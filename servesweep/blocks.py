@@ -64,6 +64,9 @@ def cells_over_blocks(repeats: list[dict]) -> list[dict]:
         means = []
         for block, rounds in sorted(launches.items()):
             mean = stats_mod.combine_cell(rounds)
+            # the launch's own half-widths (over its rounds) are not values to average: the cell's come from the
+            # launch means
+            mean = {k: v for k, v in mean.items() if not k.endswith("_ci95")}
             mean["block"] = block
             means.append(mean)
         row = stats_mod.combine_cell(means) if len(means) > 1 else dict(means[0])

@@ -1,0 +1,52 @@
+"""A config's launches gathered into its run folder: cells over launch means, every round kept."""
+import json
+import math
+
+import pandas as pd
+
+from servesweep.blocks import LaunchFiles, cells_over_blocks, collect
+
+
+def _round(block, rnd, value, c=1):
+    return {"config": "ar", "engine": "llamacpp", "workload": "synthetic", "ctx": 32, "load": "concurrency",
+            "concurrency": c, "request_rate": math.nan, "repeat": rnd, "block": block, "block_position": 0,
+            "block_run": "r1", "cell_start": 10.0 * block + rnd, "cell_end": 10.0 * block + rnd + 1,
+            "agg_output_tok_s": value, "requests": 4, "errors": 0}
+
+
+def test_cells_are_means_of_launch_means_with_an_interval_over_launches():
+    rows = [_round(0, 0, 100.0), _round(0, 1, 104.0), _round(1, 0, 90.0), _round(1, 1, 92.0),
+            _round(2, 0, 110.0), _round(2, 1, 108.0)]
+    (cell,) = cells_over_blocks(rows)
+    launch_means = [102.0, 91.0, 109.0]
+    assert cell["agg_output_tok_s"] == sum(launch_means) / 3
+    from scipy import stats
+    half = stats.t.ppf(0.975, 2) * pd.Series(launch_means).std() / math.sqrt(3)
+    assert math.isclose(cell["agg_output_tok_s_ci95"], half)
+    assert cell["repeats"] == 3 and cell["rounds"] == 6 and cell["requests"] == 24
+
+
+def test_collect_writes_the_run_folder_from_every_launch(tmp_path):
+    launches = []
+    for block in (1, 0):  # given out of order: block 0 comes first in the run folder
+        d = tmp_path / f"b{block}"
+        d.mkdir()
+        f = LaunchFiles.in_dir(d)
+        pd.DataFrame([_round(block, 0, 100.0 + block)]).to_csv(f.repeats, index=False)
+        f.cells.write_text("")
+        f.requests.write_text(json.dumps({"block": block}) + "\n")
+        f.meta.write_text(json.dumps({"config": "ar", "block": block, "status": "ok", "warnings": [f"w{block}"]}))
+        f.server_log.write_text(f"log {block}\n")
+        f.telemetry.write_text("t,power\n0,1\n")
+        f.coding_eval.write_text(json.dumps({"block": block}))
+        f.greedy.write_text("")
+        launches.append(f)
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    out = LaunchFiles.in_dir(out_dir)
+    meta = collect(launches, out)
+    assert [b["block"] for b in meta["blocks"]] == [0, 1] and meta["warnings"] == ["w0", "w1"]
+    assert json.loads(out.coding_eval.read_text()) == {"block": 0}  # the correctness checks of block 0
+    assert out.server_log.read_text().index("log 0") < out.server_log.read_text().index("log 1")
+    assert list(pd.read_csv(out.telemetry)["block"]) == [0, 1]
+    assert len(pd.read_csv(out.repeats)) == 2 and pd.read_csv(out.cells)["repeats"].iloc[0] == 2
