@@ -117,7 +117,7 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
                              + (f" (up to ±{100 * mdes.max():.1f} %)" if mdes.max() > mdes.median() + 1e-9 else ""))
     made = ", ".join(f"{n} {d}" for d, n in sorted(designs.items())) or "none decided"
     launches = (f"{blocks} block{'s' if blocks != 1 else ''} (every config launched {blocks} "
-                f"time{'s' if blocks != 1 else ''}, in an order that alternates from block to block)" if blocks else
+                f"time{'s' if blocks != 1 else ''}, in a fresh random order each block)" if blocks else
                 "one launch per config, one config after another (recorded before the sweep was measured in blocks)")
     text = (f"**Resolution** — {launches}, {'/'.join(map(str, rounds)) or '?'} round(s) of the matrix per launch; "
             f"{design.get('comparisons', 0)} comparisons against the baseline ({made}), false-discovery rate "
@@ -295,5 +295,5 @@ def order_effect(repeats: pd.DataFrame | None, metas: list[dict]) -> list[str]:
     words = ", ".join(f"position {int(p) + 1}: {100 * (math.exp(r['mean']) - 1):+.1f} % ({int(r['count'])} launches)"
                       for p, r in by.iterrows())
     return [f"- Launch position in the block, mean deviation from the config's own mean: {words}. Each config "
-            "holds each position about equally often (the order alternates), so such an effect widens intervals "
+            "holds each position about equally often (the orders are random), so such an effect widens intervals "
             "rather than favouring a config."]
