@@ -44,7 +44,8 @@ def untrusted_configs(cells: pd.DataFrame) -> dict[str, str]:
         rows = g.to_dict("records")
         requests = sum(_num(r.get("requests")) for r in rows if not math.isnan(_num(r.get("requests"))))
         errors = sum(_num(r.get("errors")) for r in rows if not math.isnan(_num(r.get("errors"))))
-        if requests - errors <= 0:
+        counted = any(not math.isnan(_num(r.get("requests"))) for r in rows)
+        if counted and requests - errors <= 0:
             out[cfg] = f"failed: no successful request in {len(rows)} cell(s) ({int(requests)} sent, all errors)"
             continue
         mismatched = sum(_num(r.get("usage_mismatch_requests")) for r in rows

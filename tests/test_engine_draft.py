@@ -169,7 +169,7 @@ def test_cpu_qwen_draft_sweep_plans_with_the_draft_as_an_input():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     blocks = re.findall(r"rule (\w+):\n((?:    .*\n)+)", proc.stdout)
-    bench = {re.search(r"cfg=(\S+)", b).group(1): re.search(r"input: (.*)", b).group(1) for r, b in blocks
+    bench = {re.search(r"cfg=([^,\s]+)", b).group(1): re.search(r"input: (.*)", b).group(1) for r, b in blocks
              if r == "bench_config"}
     assert sorted(bench) == ["ar", "draft", "ngram"]
     assert "resources/models/qwen-coder-0.5b/manifest.json" in bench["draft"]

