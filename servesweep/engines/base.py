@@ -23,6 +23,14 @@ SPEC_VERIFY = "spec_verify_steps"       # target-model verification steps that c
 SPEC_COLUMNS = (SPEC_DRAFTED, SPEC_ACCEPTED, SPEC_VERIFY)
 
 
+# Flags every engine's server takes for where it listens and who may call it: the pipeline sets them on each launch
+# (each engine's ``managed_flags`` adds its own model, name and metrics flags).
+SERVING_FLAGS = {
+    "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+    "--api-key": "unauthenticated requests of the load generator",
+}
+
+
 def cell_label(r) -> str:
     """How the report, and engines' findings, name a cell: its prompt length (synthetic prompts) or its workload, and
     its concurrency. ``r``: a cells-table row as a dict, a pandas row or a named tuple."""

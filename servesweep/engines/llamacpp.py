@@ -8,7 +8,8 @@ from pathlib import Path
 
 from servesweep import promtext
 from servesweep.engines import llamacpp_build
-from servesweep.engines.base import Engine, LaunchSpec, LogEvent, per_position_columns, spec_counter_columns
+from servesweep.engines.base import (SERVING_FLAGS, Engine, LaunchSpec, LogEvent, per_position_columns,
+                                     spec_counter_columns)
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
@@ -84,12 +85,12 @@ class LlamaCppEngine(Engine):
     tokenize_fields = ("content", "add_special")
     generated_tokens_metric = "llamacpp:tokens_predicted_total"
     managed_flags = {
-        "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+        **SERVING_FLAGS,
         "--model": "the config's model file", "-m": "the config's model file", "--alias": "the served name",
         "-a": "the served name", "--hf-repo": "the config's model", "-hf": "the config's model",
         "--model-url": "the config's model", "-mu": "the config's model", "--metrics": "the engine counters",
         "--log-timestamps": "the log the job parses", "--log-prefix": "the log the job parses",
-        "--api-key": "unauthenticated requests of the load generator", "--api-key-file": "unauthenticated requests",
+        "--api-key-file": "unauthenticated requests",
         "--path": "the API routes it calls", "--api-prefix": "the API routes it calls",
     }
     draft_formats = ("gguf",)

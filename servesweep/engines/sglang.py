@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from servesweep import promtext
-from servesweep.engines.base import (Engine, HostNeeds, LaunchSpec, LogEvent, cell_label, gpu_jit_cache_dirs,
+from servesweep.engines.base import (SERVING_FLAGS, Engine, HostNeeds, LaunchSpec, LogEvent, cell_label, gpu_jit_cache_dirs,
                                      spec_columns)
 from servesweep.numeric import mean_or_nan
 from servesweep.versions import version_tuple
@@ -277,11 +277,10 @@ class SGLangEngine(Engine):
     label = "SGLang"
     generated_tokens_metric = "sglang:generation_tokens_total"
     managed_flags = {
-        "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+        **SERVING_FLAGS,
         "--model-path": "the config's model", "--model": "the config's model",
         "--served-model-name": "the served name", "--tokenizer-path": "the model's tokenizer",
         "--load-format": "the model's load_format", "--enable-metrics": "the engine counters",
-        "--api-key": "unauthenticated requests of the load generator",
     }
 
     # --- configuration -----------------------------------------------------------------------------------

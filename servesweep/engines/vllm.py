@@ -13,7 +13,7 @@ import subprocess
 import time
 
 from servesweep import promtext
-from servesweep.engines.base import (Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
+from servesweep.engines.base import (SERVING_FLAGS, Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
                                      per_position_columns, spec_counter_columns)
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
@@ -114,10 +114,10 @@ class VLLMEngine(Engine):
     label = "vLLM"
     generated_tokens_metric = "vllm:generation_tokens_total"
     managed_flags = {
-        "--host": "binds 127.0.0.1 so nothing else reaches the server", "--port": "a free port it waits on",
+        **SERVING_FLAGS,
         "--model": "the config's model", "--served-model-name": "the served name",
         "--tokenizer": "the model's tokenizer", "--load-format": "the model's load_format",
-        "--api-key": "unauthenticated requests of the load generator", "--uds": "the TCP port it waits on",
+        "--uds": "the TCP port it waits on",
         "--root-path": "the API routes it calls",
     }
 
