@@ -118,7 +118,7 @@ def slo_choice(cells: pd.DataFrame, repeats: pd.DataFrame | None, slo: SLO) -> d
     limited = cells.drop(server_bound(cells).index)
     cells = server_bound(cells)
     meets = [slo.cell_meets(r) for r in cells.to_dict("records")]
-    met = cells[[m is True for m in meets]].sort_values("output_tok_s_per_gpu", ascending=False, kind="stable")
+    met = cells[pd.Series([m is True for m in meets], index=cells.index, dtype=bool)].sort_values("output_tok_s_per_gpu", ascending=False, kind="stable")
     out = {"best": None, "runner_up": None, "estimate": None, "margin": math.nan, "lo": math.nan, "hi": math.nan,
            "verdict": "only config", "closest": None, "miss": "", "client_bound_above": []}
     # A client-bound cell's throughput is what the client managed, a lower bound of the server's: one that meets
@@ -176,6 +176,9 @@ def _choice_lines(label: str, choice: dict, cost: dict) -> list[str]:
     if best is None:
         close = choice["closest"]
         if close is None:
+            if choice.get("client_bound_above"):
+                return [f"- **{label}**: no server-bound cell was measured (every cell's pace was set by the "
+                        "client)."]
             return [f"- **{label}**: no cell meets it, and none measured the percentiles it limits."]
         return [f"- **{label}**: **no config meets it.** Closest: `{close['config']}` at {_point(close)} — "
                 f"{choice['miss']}."]

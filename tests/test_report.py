@@ -435,3 +435,14 @@ def test_a_config_whose_token_counts_disagree_is_left_out_of_every_ranking_and_f
     assert "**`liar`**" not in text and "`liar` at C=" not in text
     ranked = "\n".join(rd.ranking(cells_, sp, "ar"))
     assert "Left out: `liar` (token counts disagree" in ranked and "`liar` 4000" not in ranked
+
+
+def test_every_cell_client_bound_names_no_pick_and_says_why():
+    """A sweep whose only cells were client-bound (a loaded CI host) still gets its first screen: nothing is
+    picked, and the client-bound cell that met the target is named as the lower bound it is."""
+    cells, reps = sweep([("a", 1, 50.0, 0.1, 0.01, 0)])
+    cells["client_bound"] = [True]
+    choice = slo_choice(with_unit_columns(cells), reps, INTERACTIVE)
+    assert choice["best"] is None and [r["config"] for r in choice["client_bound_above"]] == ["a"]
+    text = "\n".join(screen(cells, reps, [INTERACTIVE], {}))
+    assert "no server-bound cell was measured" in text and "above nothing measured server-bound" in text
