@@ -35,6 +35,11 @@ BLOCK_ORDER = block_order(SERVER_CONFIGS, len(BLOCKS), config["design"]["order_s
 # two configs' launches of one block are paired in time only when they were measured in the same run. Not a param:
 # a new run must not re-measure what an earlier one measured.
 os.environ.setdefault("SERVESWEEP_RUN", f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+# How often Snakemake retries a failed job (`--retries`; profiles/slurm: 1), as the invocation the user started has
+# it: its jobs inherit this (cluster jobs through sbatch --export=ALL), since the snakemake a job runs in is started
+# with `--retries 0` of its own. A bench job's last attempt records its failure as its outputs (get_attempts_left).
+if not (workflow.remote_exec or workflow.subprocess_exec):
+    os.environ["SERVESWEEP_RETRIES"] = str(workflow.execution_settings.retries)
 
 
 wildcard_constraints:
@@ -161,6 +166,13 @@ def get_mem_mb(wildcards):
     """A job's memory request: `slurm.mem_mb`; 0 when unset, so that no `--mem` is passed and the cluster's default
     applies instead of Snakemake's own 1000 MB default for cluster jobs."""
     return get_slurm_setting("mem_mb", unset=0)(wildcards)
+
+
+def get_attempts_left(wildcards, attempt):
+    """How many more times Snakemake runs this job should this attempt fail: 0 on its last attempt, whose bench job
+    records a failure as its outputs (status: failed in meta.json) instead of failing, so that the report is built
+    from the configs that finished (docs/faults.md). A resource, not a param: params are a rerun trigger."""
+    return max(int(os.environ.get("SERVESWEEP_RETRIES", "0")) + 1 - attempt, 0)
 
 
 def get_runtime_min(wildcards, attempt):

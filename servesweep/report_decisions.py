@@ -9,6 +9,7 @@ prompt length and concurrency.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 
@@ -164,6 +165,53 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
                       ". Run the baseline's blocks again beside them to pair them")
                    + " (docs/measurement.md, \"Blocks\").")
     return [f"**Flags** — {' '.join(out)}", ""] if out else []
+
+
+def _first_line(text, most: int = 240) -> str:
+    """The first line of a failure's reason, at most ``most`` characters (its whole text is in meta.json)."""
+    lines = str(text or "").strip().splitlines()
+    line = lines[0] if lines else "no reason recorded"
+    return line if len(line) <= most else line[:most - 1] + "…"
+
+
+def failures(metas: list[dict]) -> list[str]:
+    """The launches that failed on their job's last attempt, config by config (``failed_blocks`` of each run's
+    meta.json): the stage and reason of each, which blocks the config's figures rest on instead, where what they
+    measured is kept, and the command that measures them again."""
+    from servesweep.bench import STAGES, JobPaths, remeasure_command
+
+    parts, kept, again = [], [], []
+    for meta in sorted(metas, key=lambda m: m.get("config", "")):
+        failed = meta.get("failed_blocks") or []
+        if not failed:
+            continue
+        cfg = meta["config"]
+        blocks = [b.get("block") for b in meta.get("blocks") or [meta]]
+        finished = [b for b in blocks if b not in {f["block"] for f in failed}]
+        why: dict[tuple, list] = {}
+        for f in failed:
+            why.setdefault((f.get("stage", "unknown"), _first_line(f.get("reason"))), []).append(f["block"])
+        reasons = "; ".join(f"block{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}: {stage} "
+                            f"({STAGES.get(stage, 'stage not recorded')}) — {reason}"
+                            for (stage, reason), bs in why.items())
+        if finished:
+            parts.append(f"`{cfg}`: {len(failed)} of {len(blocks)} launches failed ({reasons}); its cells and "
+                         f"comparisons are over the block{'s' if len(finished) > 1 else ''} that finished "
+                         f"({', '.join(map(str, finished))}).")
+        else:
+            parts.append(f"`{cfg}` failed in every launch and is in no table ({reasons}).")
+        for f in failed:
+            if f.get("attempt_dir"):
+                kept.append(f"`{f['attempt_dir']}/` ({f.get('cells_measured', 0)} cell(s))")
+            again.append(JobPaths.for_config(Path("results"), cfg, block=f["block"]).meta_json)
+    if not parts:
+        return []
+    text = "**Failed** — " + " ".join(parts)
+    if kept:
+        text += " What the failed launches measured before failing is kept in " + ", ".join(kept) + "."
+    text += (f" To measure them again, with the sweep's `--configfile=…` if it has one: `{remeasure_command(again)}`"
+             " (docs/faults.md).")
+    return [text, ""]
 
 
 def how_to_read(design: dict) -> list[str]:
