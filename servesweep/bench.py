@@ -114,6 +114,11 @@ class CellRow:
         return [{**r, "config": self.config, **keys, "block": self.block.index} for r in self.records]
 
 
+def run_folder(results: Path, cfg: str, block: int | None = None) -> Path:
+    """Where a config's job writes its declared outputs: its run folder, or with ``block`` its launch folder."""
+    return Path(results) / "runs" / cfg if block is None else Path(results) / "blocks" / cfg / f"b{block}"
+
+
 @dataclass
 class JobPaths:
     cells_csv: Path
@@ -128,12 +133,16 @@ class JobPaths:
     @classmethod
     def for_config(cls, results: Path, cfg: str, stamp: str | None = None, block: int | None = None) -> "JobPaths":
         """The paths of one config's job: its run folder, or with ``block`` its launch folder of that block."""
-        run = Path(results) / "runs" / cfg if block is None else Path(results) / "blocks" / cfg / f"b{block}"
+        run = run_folder(results, cfg, block)
         stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
-        attempt = stamp if block is None else f"b{block}-{stamp}"
+        name = stamp if block is None else f"b{block}-{stamp}"
+        attempt = Path(results) / "attempts" / cfg / name
+        n = 2
+        while attempt.exists():  # a retry within the same second (a server that fails at once): a folder of its own
+            attempt = attempt.with_name(f"{name}-{n}")
+            n += 1
         return cls(run / "cells.csv", run / "repeats.csv", run / "requests.jsonl", run / "meta.json",
-                   run / "server.log", run / "telemetry.csv", Path(results) / "attempts" / cfg / attempt,
-                   Path(results) / ".servers")
+                   run / "server.log", run / "telemetry.csv", attempt, Path(results) / ".servers")
 
 
 class CellWriter:

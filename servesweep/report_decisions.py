@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from servesweep import compare, decide
+from servesweep.bench import STAGES, remeasure_command, run_folder
 from servesweep.engines.base import cell_label
 
 LOW, HIGH = "interactive", "batch"
@@ -167,19 +168,23 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
     return [f"**Flags** — {' '.join(out)}", ""] if out else []
 
 
-def _first_line(text, most: int = 240) -> str:
-    """The first line of a failure's reason, at most ``most`` characters (its whole text is in meta.json)."""
-    lines = str(text or "").strip().splitlines()
-    line = lines[0] if lines else "no reason recorded"
+def _clip(line: str, most: int = 240) -> str:
     return line if len(line) <= most else line[:most - 1] + "…"
+
+
+def reason_line(reason) -> str:
+    """A failure's reason on one line: its first line and, where it goes on (an error that quotes the server's
+    log), its last one; the whole text is in meta.json."""
+    lines = [line.strip() for line in str(reason or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return "no reason recorded"
+    return _clip(lines[0]) + (f" … `{_clip(lines[-1])}`" if len(lines) > 1 else "")
 
 
 def failures(metas: list[dict]) -> list[str]:
     """The launches that failed on their job's last attempt, config by config (``failed_blocks`` of each run's
     meta.json): the stage and reason of each, which blocks the config's figures rest on instead, where what they
     measured is kept, and the command that measures them again."""
-    from servesweep.bench import STAGES, JobPaths, remeasure_command
-
     parts, kept, again = [], [], []
     for meta in sorted(metas, key=lambda m: m.get("config", "")):
         failed = meta.get("failed_blocks") or []
@@ -190,7 +195,7 @@ def failures(metas: list[dict]) -> list[str]:
         finished = [b for b in blocks if b not in {f["block"] for f in failed}]
         why: dict[tuple, list] = {}
         for f in failed:
-            why.setdefault((f.get("stage", "unknown"), _first_line(f.get("reason"))), []).append(f["block"])
+            why.setdefault((f.get("stage", "unknown"), reason_line(f.get("reason"))), []).append(f["block"])
         reasons = "; ".join(f"block{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}: {stage} "
                             f"({STAGES.get(stage, 'stage not recorded')}) — {reason}"
                             for (stage, reason), bs in why.items())
@@ -203,7 +208,7 @@ def failures(metas: list[dict]) -> list[str]:
         for f in failed:
             if f.get("attempt_dir"):
                 kept.append(f"`{f['attempt_dir']}/` ({f.get('cells_measured', 0)} cell(s))")
-            again.append(JobPaths.for_config(Path("results"), cfg, block=f["block"]).meta_json)
+            again.append(run_folder(Path("results"), cfg, f["block"]) / "meta.json")
     if not parts:
         return []
     text = "**Failed** — " + " ".join(parts)
