@@ -35,11 +35,6 @@ BLOCK_ORDER = block_order(SERVER_CONFIGS, len(BLOCKS), config["design"]["order_s
 # two configs' launches of one block are paired in time only when they were measured in the same run. Not a param:
 # a new run must not re-measure what an earlier one measured.
 os.environ.setdefault("SERVESWEEP_RUN", f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
-# How often Snakemake retries a failed job (`--retries`; profiles/slurm: 1), as the invocation the user started has
-# it: its jobs inherit this (cluster jobs through sbatch --export=ALL), since the snakemake a job runs in is started
-# with `--retries 0` of its own. A bench job's last attempt records its failure as its outputs (get_attempts_left).
-if not (workflow.remote_exec or workflow.subprocess_exec):
-    os.environ["SERVESWEEP_RETRIES"] = str(workflow.execution_settings.retries)
 
 
 wildcard_constraints:
@@ -172,7 +167,15 @@ def get_attempts_left(wildcards, attempt):
     """How many more times Snakemake runs this job should this attempt fail: 0 on its last attempt, whose bench job
     records a failure as its outputs (status: failed in meta.json) instead of failing, so that the report is built
     from the configs that finished (docs/faults.md). A resource, not a param: params are a rerun trigger."""
-    return max(int(os.environ.get("SERVESWEEP_RETRIES", "0")) + 1 - attempt, 0)
+    if workflow.remote_exec or workflow.subprocess_exec:
+        # the snakemake a job runs in has `--retries 0` of its own: the invocation the user started set this
+        retries = int(os.environ.get("SERVESWEEP_RETRIES", "0"))
+    else:
+        settings = workflow.execution_settings  # `--retries` (profiles/slurm: 1); None outside a run (--report)
+        retries = settings.retries if settings is not None else 0
+        # inherited by the jobs it starts (cluster jobs through sbatch --export=ALL)
+        os.environ["SERVESWEEP_RETRIES"] = str(retries)
+    return max(retries + 1 - attempt, 0)
 
 
 def get_runtime_min(wildcards, attempt):

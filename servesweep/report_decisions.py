@@ -195,14 +195,17 @@ def failures(metas: list[dict]) -> list[str]:
         finished = [b for b in blocks if b not in {f["block"] for f in failed}]
         why: dict[tuple, list] = {}
         for f in failed:
-            why.setdefault((f.get("stage", "unknown"), reason_line(f.get("reason"))), []).append(f["block"])
+            # the same error in two blocks reads alike: each block's attempt folder is named below
+            reason = reason_line(str(f.get("reason")).replace(f.get("attempt_dir") or "\0", "<attempt>"))
+            why.setdefault((f.get("stage", "unknown"), reason), []).append(f["block"])
         reasons = "; ".join(f"block{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}: {stage} "
                             f"({STAGES.get(stage, 'stage not recorded')}) — {reason}"
                             for (stage, reason), bs in why.items())
         if finished:
+            plural = "s" if len(finished) > 1 else ""
             parts.append(f"`{cfg}`: {len(failed)} of {len(blocks)} launches failed ({reasons}); its cells and "
-                         f"comparisons are over the block{'s' if len(finished) > 1 else ''} that finished "
-                         f"({', '.join(map(str, finished))}).")
+                         f"comparisons are over the block{plural} that finished (block{plural} "
+                         f"{', '.join(map(str, finished))}).")
         else:
             parts.append(f"`{cfg}` failed in every launch and is in no table ({reasons}).")
         for f in failed:
