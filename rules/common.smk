@@ -174,7 +174,7 @@ def get_attempts_left(wildcards, attempt):
         settings = workflow.execution_settings  # `--retries` (profiles/slurm: 1); None outside a run (--report)
         retries = settings.retries if settings is not None else 0
         # inherited by the jobs it starts (cluster jobs through sbatch --export=ALL)
-        os.environ["SERVESWEEP_RETRIES"] = str(retries)
+        os.environ.update(SERVESWEEP_RETRIES=str(retries))
     return max(retries + 1 - attempt, 0)
 
 
