@@ -33,6 +33,7 @@ rule bench_config:
         cpus_per_task=get_slurm_setting("cpus_per_task"),
         slurm_partition=get_slurm_setting("partition"),
         slurm_account=get_slurm_setting("account"),
+        attempts_left=get_attempts_left,
     params:
         run=get_bench_params,
         position=block_position,

@@ -163,6 +163,21 @@ def get_mem_mb(wildcards):
     return get_slurm_setting("mem_mb", unset=0)(wildcards)
 
 
+def get_attempts_left(wildcards, attempt):
+    """How many more times Snakemake runs this job should this attempt fail: 0 on its last attempt, whose bench job
+    records a failure as its outputs (status: failed in meta.json) instead of failing, so that the report is built
+    from the configs that finished (docs/faults.md). A resource, not a param: params are a rerun trigger."""
+    if workflow.remote_exec or workflow.subprocess_exec:
+        # the snakemake a job runs in has `--retries 0` of its own: the invocation the user started set this
+        retries = int(os.environ.get("SERVESWEEP_RETRIES", "0"))
+    else:
+        settings = workflow.execution_settings  # `--retries` (profiles/slurm: 1); None outside a run (--report)
+        retries = settings.retries if settings is not None else 0
+        # inherited by the jobs it starts (cluster jobs through sbatch --export=ALL)
+        os.environ.update(SERVESWEEP_RETRIES=str(retries))
+    return max(retries + 1 - attempt, 0)
+
+
 def get_runtime_min(wildcards, attempt):
     """A job's SLURM time limit: `slurm.runtime_min`, times the attempt, so a retry after a time-out gets longer."""
     minutes = get_slurm_setting("runtime_min")(wildcards)

@@ -7,7 +7,7 @@ configure(snakemake.log[0])
 
 from pathlib import Path
 
-from servesweep.bench import Block, JobPaths, run_config
+from servesweep.bench import Block, JobPaths, run_launch
 from servesweep.correctness.job import CorrectnessOutputs
 
 run = snakemake.params.run
@@ -29,11 +29,8 @@ out = snakemake.output
 paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
                  Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg, block=block.index).attempt_dir)
 warm = list(snakemake.input.get("warm", []))  # the host warm-up of this engine, where the sweep has one
-correctness = CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy))
-run_config(cfg, config, json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)), paths,
-           # The correctness checks judge the config, not a launch: they run once, in its first block.
-           correctness_outputs=correctness if block.index == 0 else None,
-           host_warmup=json.load(open(warm[0])) if warm else None, block=block,
-           draft_manifest=json.load(open(snakemake.input.draft_model[0])) if draft else None)
-if block.index != 0:
-    correctness.skipped(cfg, "run once per config, in block 0")
+# Snakemake runs the job again while attempts are left; on its last, a failure is recorded as its outputs instead.
+run_launch(cfg, config, json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)), paths,
+           CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)),
+           last_attempt=snakemake.resources.attempts_left == 0, host_warmup=json.load(open(warm[0])) if warm else None,
+           block=block, draft_manifest=json.load(open(snakemake.input.draft_model[0])) if draft else None)

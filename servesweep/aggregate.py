@@ -164,6 +164,8 @@ def load_cells(cell_paths: list[Path], metas: list[dict]) -> pd.DataFrame:
     frames = []
     metas = {m["config"]: m for m in metas}
     for cells_path in sorted(cell_paths):
+        if not Path(cells_path).stat().st_size:  # a config whose every launch failed (its meta.json says why)
+            continue
         df = _with_keys(pd.read_csv(cells_path))
         if df.empty:
             continue

@@ -1,7 +1,9 @@
 """One config job: launch the server, wait until truly ready, run the ctx × (concurrency, rate) matrix, stop cleanly.
 
 Everything measured is appended to an attempt folder as it is measured (``results/attempts/{cfg}/{stamp}/``), which
-is not a declared Snakemake output, so a failed job never loses the cells it finished.
+is not a declared Snakemake output, so a failed job never loses the cells it finished. On the job's last attempt
+(:func:`run_launch`), a failure becomes the launch's outputs — ``meta.json`` with ``status: failed``, its stage and
+reason — so that the sweep's tables and report are built from the launches that finished (docs/faults.md).
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import shutil
 import socket
 import statistics
 import time
-from dataclasses import dataclass, replace
+import traceback
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import aiohttp
@@ -111,6 +114,11 @@ class CellRow:
         return [{**r, "config": self.config, **keys, "block": self.block.index} for r in self.records]
 
 
+def run_folder(results: Path, cfg: str, block: int | None = None) -> Path:
+    """Where a config's job writes its declared outputs: its run folder, or with ``block`` its launch folder."""
+    return Path(results) / "runs" / cfg if block is None else Path(results) / "blocks" / cfg / f"b{block}"
+
+
 @dataclass
 class JobPaths:
     cells_csv: Path
@@ -125,12 +133,16 @@ class JobPaths:
     @classmethod
     def for_config(cls, results: Path, cfg: str, stamp: str | None = None, block: int | None = None) -> "JobPaths":
         """The paths of one config's job: its run folder, or with ``block`` its launch folder of that block."""
-        run = Path(results) / "runs" / cfg if block is None else Path(results) / "blocks" / cfg / f"b{block}"
+        run = run_folder(results, cfg, block)
         stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
-        attempt = stamp if block is None else f"b{block}-{stamp}"
+        name = stamp if block is None else f"b{block}-{stamp}"
+        attempt = Path(results) / "attempts" / cfg / name
+        n = 2
+        while attempt.exists():  # a retry within the same second (a server that fails at once): a folder of its own
+            attempt = attempt.with_name(f"{name}-{n}")
+            n += 1
         return cls(run / "cells.csv", run / "repeats.csv", run / "requests.jsonl", run / "meta.json",
-                   run / "server.log", run / "telemetry.csv", Path(results) / "attempts" / cfg / attempt,
-                   Path(results) / ".servers")
+                   run / "server.log", run / "telemetry.csv", attempt, Path(results) / ".servers")
 
 
 class CellWriter:
@@ -167,10 +179,14 @@ class CellWriter:
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
+    """``rows`` as CSV, the union of their keys as columns; no rows: an empty file (what readers take for none)."""
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not rows:
+        path.write_text("")
+        return
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
@@ -255,16 +271,55 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     return records, row
 
 
+# Where a launch can fail (the ``stage`` of its failure record), in the words its failure message uses.
+STAGES = {
+    "setup": "before its server was launched",  # sandbox probe, draft model, host lease, pre-flight checks
+    "launch": "while its server was starting",
+    "readiness": "before its server was ready",
+    "measurement": "while measuring its matrix",
+    "correctness": "in its correctness checks, after its whole matrix was measured",
+}
+# Lines of the traceback a failure record keeps (the whole traceback is in the job's log).
+TRACEBACK_LINES = 12
+
+
+@dataclass(frozen=True)
+class LaunchFailure:
+    """Why one launch of a config failed: its ``stage`` (a key of :data:`STAGES`), the error (``reason``), the last
+    lines of its traceback, the attempt folder that keeps what it measured, and how many cells it finished there."""
+
+    stage: str
+    reason: str
+    traceback_tail: str
+    attempt_dir: str | None
+    cells_measured: int = 0
+
+    @classmethod
+    def of(cls, error: BaseException, stage: str, attempt_dir: Path | None, cells: int = 0) -> "LaunchFailure":
+        lines = "".join(traceback.format_exception(error)).rstrip().splitlines()
+        kept = str(attempt_dir) if attempt_dir is not None and Path(attempt_dir).exists() else None
+        return cls(stage, f"{type(error).__name__}: {error}", "\n".join(lines[-TRACEBACK_LINES:]), kept, cells)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
 class BenchJobFailed(RuntimeError):
-    """A config's job failed: at which stage, why, and where what it measured before failing is kept."""
+    """A config's job failed: at which stage, why, and where what it measured before failing is kept
+    (``failure``)."""
+
+    def __init__(self, message: str, failure: LaunchFailure):
+        super().__init__(message)
+        self.failure = failure
 
 
 def failure_message(cfg_name: str, stage: str, error: BaseException, paths: JobPaths, cells: int) -> str:
     """What a failed job says: its stage and error, then the attempt folder that keeps its measurements."""
-    return (f"config '{cfg_name}' failed {stage}: {type(error).__name__}: {error}\n"
+    return (f"config '{cfg_name}' failed {STAGES[stage]}: {type(error).__name__}: {error}\n"
             f"What it measured is kept in {paths.attempt_dir}/: {cells} cell(s) in cells.csv and repeats.csv, the "
-            "requests in requests.jsonl, server.log, telemetry.csv and meta.json (with this error). The declared "
-            f"outputs in {paths.cells_csv.parent}/ are not written, so the next run measures this config again.")
+            "requests in requests.jsonl, server.log, telemetry.csv and meta.json (with this error). Before the "
+            "job's last attempt Snakemake runs it again; on the last, the failure is recorded as the launch's outputs "
+            f"in {paths.cells_csv.parent}/ (status: failed in meta.json) and the report names it.")
 
 
 class CellServerDied(ServerStartError):
@@ -440,12 +495,13 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
     cache_dirs = engine.cache_dirs(spec.env)
     cache_before = cache_snapshot(cache_dirs)
     error = None
-    stage = "before its server was ready"
+    stage = "launch"
     memory_baseline = telemetry.memory_used_bytes()
     telemetry.start()
     meta["telemetry_host"] = telemetry.host_facts()
     try:
         with server:  # stopped, its whole process group, on every way out
+            stage = "readiness"
             meta["start_time"] = server.started_at
             ready = asyncio.run(wait_until_ready(server, engine, sc, sc.ready_timeout_s))
             meta.update(ready)
@@ -454,11 +510,11 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
             meta["startup_phases"] = engine.startup_phases(
                 engine.parse_log(server.log_path.read_text(errors="replace")))
             meta["first_cell_at"] = now()
-            stage = "while measuring its matrix"
+            stage = "measurement"
             meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer,
                                                        slos_from_config(config), block))
             if correctness_outputs is not None:
-                stage = "in its correctness checks, after its whole matrix was measured"
+                stage = "correctness"
                 meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"),
                                                       correctness_outputs)
         meta["status"] = "ok"
@@ -466,6 +522,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
         error = exc
         meta["status"] = "failed"
         meta["error"] = f"{type(exc).__name__}: {exc}"
+        meta["failure"] = LaunchFailure.of(exc, stage, paths.attempt_dir, len(writer.cells)).as_dict()
         log.exception("[%s] the bench job failed", cfg_name)
     finally:
         meta["gpu_memory_after_stop"] = telemetry.wait_memory_released(memory_baseline)
@@ -481,7 +538,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
         message = failure_message(cfg_name, stage, error, paths, len(writer.cells))
         log.error("%s", message)
         if isinstance(error, Exception):
-            raise BenchJobFailed(message) from error
+            raise BenchJobFailed(message, LaunchFailure(**meta["failure"])) from error
         raise error  # an interrupt: re-raised as it came
     publish(paths, writer, meta)
     return meta
@@ -502,3 +559,70 @@ def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
         if (paths.attempt_dir / name).exists():
             shutil.copyfile(paths.attempt_dir / name, paths.cells_csv.parent / name)
     paths.meta_json.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+
+def run_launch(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths,
+               correctness_outputs: CorrectnessOutputs, last_attempt: bool, host_warmup: dict | None = None,
+               block: Block = Block(), draft_manifest: dict | None = None) -> dict:
+    """One bench job: the launch of config ``cfg_name`` in block ``block`` (:func:`run_config`), with the
+    correctness checks in block 0 only (the other blocks' correctness outputs say so). Returns its meta.
+
+    A failure is raised while Snakemake will still retry the job (``last_attempt`` false: a cluster resubmits it).
+    On the last attempt it is recorded as the launch's outputs instead (:func:`publish_failure`) and the job
+    succeeds, so that the tables and the report are built from the launches that finished and name this one.
+    Interrupts (SIGTERM, SIGINT) are always re-raised: an interrupted job is redone, not recorded.
+    """
+    checks = correctness_outputs if block.index == 0 else None
+    try:
+        meta = run_config(cfg_name, config, manifest, engine_facts, paths, correctness_outputs=checks,
+                          host_warmup=host_warmup, block=block, draft_manifest=draft_manifest)
+    except Exception as exc:
+        if not last_attempt:
+            raise
+        failure = exc.failure if isinstance(exc, BenchJobFailed) else LaunchFailure.of(exc, "setup", None)
+        meta = publish_failure(cfg_name, config, paths, failure, block)
+        if checks is not None:
+            checks.skipped(cfg_name, f"not run: the config's launch in block 0 failed {STAGES[failure.stage]}")
+        log.error("[%s] block %d failed %s on the job's last attempt: recorded as its outputs (status: failed), so "
+                  "the report is built from the launches that finished; to measure it again: %s", cfg_name,
+                  block.index, STAGES[failure.stage], remeasure_command([paths.meta_json]))
+    if checks is None:
+        correctness_outputs.skipped(cfg_name, "run once per config, in block 0")
+    return meta
+
+
+def remeasure_command(meta_paths: list[Path]) -> str:
+    """The command that measures these launches again (their ``meta.json`` outputs), then rebuilds the report.
+    ``--forcerun`` takes every word after it, so it comes after the target."""
+    return "snakemake --cores 1 report --forcerun " + " ".join(str(p) for p in meta_paths)
+
+
+def publish_failure(cfg_name: str, config: dict, paths: JobPaths, failure: LaunchFailure,
+                    block: Block = Block()) -> dict:
+    """The declared outputs of a launch that failed on its job's last attempt: ``meta.json`` with ``status:
+    failed`` and its ``failure``; cells and repeats empty (a failed launch enters no table); the requests, server
+    log and telemetry its attempt kept, as far as it got. The attempt folder (``failure.attempt_dir``) keeps the
+    cells it did measure. Returns the meta."""
+    attempt = Path(failure.attempt_dir) if failure.attempt_dir else None
+    kept = attempt / "meta.json" if attempt is not None else None
+    if kept is not None and kept.exists():
+        meta = json.loads(kept.read_text())
+    else:  # failed before it launched anything: what the config says
+        entry = config["server_configs"][cfg_name]
+        meta = {"config": cfg_name, "engine": entry.get("engine"), "model": entry.get("model"),
+                "labels": entry.get("labels") or {}, "options": entry.get("options") or {}, "argv": [], "env": {},
+                "host": socket.gethostname(), "warnings": [], "matrix": config.get("matrix") or {},
+                "slo": config.get("slo") or {}, "cells_measured": 0, **block.columns()}
+    meta.update(status="failed", error=failure.reason, failure=failure.as_dict())
+    paths.cells_csv.parent.mkdir(parents=True, exist_ok=True)
+    for out in (paths.cells_csv, paths.repeats_csv):
+        out.write_text("")
+    for name, out in (("requests.jsonl", paths.requests_jsonl), ("server.log", paths.server_log),
+                      ("telemetry.csv", paths.telemetry_csv)):
+        src = attempt / name if attempt is not None else None
+        if src is not None and src.exists():
+            shutil.copyfile(src, out)
+        else:
+            out.write_text("")
+    paths.meta_json.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return meta

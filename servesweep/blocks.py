@@ -4,6 +4,11 @@ Each block's bench job writes its own folder (``results/blocks/{cfg}/b{block}/``
 of every launch (``repeats.csv``, each row with its ``block``), and cells combined **over launches**: a cell's value
 is the mean of its launch means, and its interval is over the launches — so launch-to-launch variation is inside it
 (docs/measurement.md, "Blocks").
+
+A launch that failed on its job's last attempt (``status: failed`` in its meta.json, :func:`servesweep.bench.
+publish_failure`) adds no cell: the config's cells are over the launches that finished, and the run folder's
+meta.json names the failed ones (``failed_blocks``) with their stage and reason. Its ``status`` is ``ok`` (every
+launch finished), ``partial`` (some did) or ``failed`` (none did: the config has no cells, and the report names it).
 """
 from __future__ import annotations
 
@@ -86,8 +91,14 @@ def cells_over_blocks(repeats: list[dict]) -> list[dict]:
 def launch_summary(meta: dict) -> dict:
     """What the run folder's meta.json keeps of each launch."""
     keys = ("block", "block_position", "block_run", "status", "start_time", "ready_s", "first_cell_at", "stop_time",
-            "cells_measured", "port", "warnings", "startup_cache_growth_bytes", "host_lease")
+            "cells_measured", "port", "warnings", "startup_cache_growth_bytes", "host_lease", "failure")
     return {k: meta.get(k) for k in keys if k in meta}
+
+
+def failed_blocks(metas: list[dict]) -> list[dict]:
+    """The launches among ``metas`` that failed on their job's last attempt: block and failure record each."""
+    return [{"block": m.get("block", 0), **(m.get("failure") or {"stage": "unknown", "reason": m.get("error")})}
+            for m in metas if m.get("status") == "failed"]
 
 
 def collect(launches: list[LaunchFiles], out: LaunchFiles) -> dict:
@@ -118,11 +129,18 @@ def collect(launches: list[LaunchFiles], out: LaunchFiles) -> dict:
         out.telemetry.write_text("")
     shutil.copyfile(launches[0].coding_eval, out.coding_eval)
     shutil.copyfile(launches[0].greedy, out.greedy)
+    failed = failed_blocks(metas)
+    finished = [i for i, m in enumerate(metas) if m.get("status") != "failed"]
+    # the config's facts (command line, versions, readiness, /metrics text) from a launch that got that far
+    first = finished[0] if finished else 0
     for name in ("metrics-start.prom", "metrics-end.prom"):
-        src = launches[0].meta.parent / name
+        src = launches[first].meta.parent / name
         if src.exists():
             shutil.copyfile(src, out.meta.parent / name)
-    meta = dict(metas[0])
+    meta = dict(metas[first])
+    meta.pop("failure", None)
+    meta["status"] = "failed" if not finished else "partial" if failed else meta.get("status", "ok")
+    meta["failed_blocks"] = failed
     meta["blocks"] = [launch_summary(m) for m in metas]
     meta["cells_measured"] = len({_row_cell_id(r) for r in repeats})
     meta["warnings"] = list(dict.fromkeys(w for m in metas for w in m.get("warnings") or []))

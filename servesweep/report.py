@@ -261,15 +261,16 @@ def lossless_failures(table: pd.DataFrame | None) -> dict[str, str]:
 def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.DataFrame, design: dict,
                  baseline: str, slos: list[SLO], cost: dict | None, rule: decide.Rule | None = None,
                  random_weight_speculative: set[str] | None = None,
-                 not_lossless: dict[str, str] | None = None) -> list[str]:
-    """The report's opening, answers first: interactive and batch per prompt set (``report_decisions.answers``),
+                 not_lossless: dict[str, str] | None = None, metas: list[dict] | None = None) -> list[str]:
+    """The report's opening: the launches that failed (``report_decisions.failures``, from ``metas``), then the
+    answers: interactive and batch per prompt set (``report_decisions.answers``),
     the picks per service-level target with their runner-up margins (``slo_choice``), the sweep's resolution and
     flags, then the frontier chart. ``random_weight_speculative``: speculative configs that served random weights,
     warned about where a pick or runner-up is one of them."""
     cost = cost or {}
     rule = rule or decide.Rule()
     cells = with_unit_columns(cells, cost)
-    lines = ["## Summary", ""] + rd.answers(cells, speedup, baseline)
+    lines = ["## Summary", ""] + rd.failures(metas or []) + rd.answers(cells, speedup, baseline)
     # configs whose token counts cannot be trusted, or that measured nothing, are picked nowhere (Flags says why)
     cells = cells[~cells["config"].isin(set(design.get("untrusted") or {}))]
     choices = []
@@ -843,7 +844,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     random_spec = {m["config"] for m in metas if m.get("load_format") == "dummy" and m["speculative"]}
     correctness = pd.read_csv(inputs.correctness) if inputs.correctness and inputs.correctness.exists() else None
     lines = ["# Findings", ""] + first_screen(cells, repeats, speedup, design, baseline, slos or [], cost, rule,
-                                              random_spec, lossless_failures(correctness))
+                                              random_spec, lossless_failures(correctness), metas)
     cpu = metas[0].get("cpu_model") if metas else None
     cores = metas[0].get("cpu_count") if metas else None
     cpu_text = (f" (CPU: {cpu}, {cores} cores — host-bound cells depend on it)" if cpu
@@ -880,7 +881,8 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     lines += ["## Environment", "", env_card, ""]
     lines += ["## Command lines", ""]
     for m in metas:
-        lines += [f"- `{m['config']}`: `{' '.join(m['argv'])}`"]
+        lines += [f"- `{m['config']}`: `{' '.join(m['argv'])}`" if m.get("argv") else
+                  f"- `{m['config']}`: never launched ({m.get('error') or 'no command line recorded'})"]
     lines += ["", "## Appendix: per-cell tables", "", "### Throughput and latency (mean ± 95 % half-width over the "
               "repeats)", "",
               "ITL/token spreads each arrival's gap over the tokens it carried (its mean equals TPOT); ITL/chunk is "

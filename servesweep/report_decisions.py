@@ -9,10 +9,12 @@ prompt length and concurrency.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 
 from servesweep import compare, decide
+from servesweep.bench import STAGES, remeasure_command, run_folder
 from servesweep.engines.base import cell_label
 
 LOW, HIGH = "interactive", "batch"
@@ -164,6 +166,60 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
                       ". Run the baseline's blocks again beside them to pair them")
                    + " (docs/measurement.md, \"Blocks\").")
     return [f"**Flags** — {' '.join(out)}", ""] if out else []
+
+
+def _clip(line: str, most: int = 240) -> str:
+    return line if len(line) <= most else line[:most - 1] + "…"
+
+
+def reason_line(reason) -> str:
+    """A failure's reason on one line: its first line and, where it goes on (an error that quotes the server's
+    log), its last one; the whole text is in meta.json."""
+    lines = [line.strip() for line in str(reason or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return "no reason recorded"
+    return _clip(lines[0]) + (f" … `{_clip(lines[-1])}`" if len(lines) > 1 else "")
+
+
+def failures(metas: list[dict]) -> list[str]:
+    """The launches that failed on their job's last attempt, config by config (``failed_blocks`` of each run's
+    meta.json): the stage and reason of each, which blocks the config's figures rest on instead, where what they
+    measured is kept, and the command that measures them again."""
+    parts, kept, again = [], [], []
+    for meta in sorted(metas, key=lambda m: m.get("config", "")):
+        failed = meta.get("failed_blocks") or []
+        if not failed:
+            continue
+        cfg = meta["config"]
+        blocks = [b.get("block") for b in meta.get("blocks") or [meta]]
+        finished = [b for b in blocks if b not in {f["block"] for f in failed}]
+        why: dict[tuple, list] = {}
+        for f in failed:
+            # the same error in two blocks reads alike: each block's attempt folder is named below
+            reason = reason_line(str(f.get("reason")).replace(f.get("attempt_dir") or "\0", "<attempt>"))
+            why.setdefault((f.get("stage", "unknown"), reason), []).append(f["block"])
+        reasons = "; ".join(f"block{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}: {stage} "
+                            f"({STAGES.get(stage, 'stage not recorded')}) — {reason}"
+                            for (stage, reason), bs in why.items())
+        if finished:
+            plural = "s" if len(finished) > 1 else ""
+            parts.append(f"`{cfg}`: {len(failed)} of {len(blocks)} launches failed ({reasons}); its cells and "
+                         f"comparisons are over the block{plural} that finished (block{plural} "
+                         f"{', '.join(map(str, finished))}).")
+        else:
+            parts.append(f"`{cfg}` failed in every launch and is in no table ({reasons}).")
+        for f in failed:
+            if f.get("attempt_dir"):
+                kept.append(f"`{f['attempt_dir']}/` ({f.get('cells_measured', 0)} cell(s))")
+            again.append(run_folder(Path("results"), cfg, f["block"]) / "meta.json")
+    if not parts:
+        return []
+    text = "**Failed** — " + " ".join(parts)
+    if kept:
+        text += " What the failed launches measured before failing is kept in " + ", ".join(kept) + "."
+    text += (f" To measure them again, with the sweep's `--configfile=…` if it has one: `{remeasure_command(again)}`"
+             " (docs/faults.md).")
+    return [text, ""]
 
 
 def how_to_read(design: dict) -> list[str]:
