@@ -539,7 +539,8 @@ def measure_servers(truth: dict, configs: list[str], blocks: int, workdir: Path,
     ``{config: {block: aggregate tok/s}}`` and the launch order."""
     from servesweep.config import ServerConfig
     from servesweep.engines.llamacpp import LlamaCppEngine
-    from servesweep.lifecycle import ServerProcess, free_port
+    from servesweep.lifecycle import ServerProcess
+    from servesweep.ports import free_port
 
     workdir.mkdir(parents=True, exist_ok=True)
     binary = write_wrapper(workdir / "llama-server")
