@@ -46,10 +46,14 @@ def _raw_schema() -> dict:
 
 @functools.lru_cache(maxsize=None)
 def schema() -> dict:
-    """The config's JSON schema, with the engine registry's names as the ``server_configs.*.engine`` enum (the
-    registry is their one list). Read-only: callers that change it must copy it first."""
+    """The config's JSON schema, with the engine registry's names as the ``server_configs.*.engine`` enum and each
+    engine's ``settings_schema`` as its block under ``engines`` (the registry is their one list). Read-only: callers
+    that change it must copy it first."""
     full = copy.deepcopy(_raw_schema())
     full["properties"]["server_configs"]["additionalProperties"]["properties"]["engine"]["enum"] = engine_names()
+    engines = full["properties"]["engines"]
+    engines["properties"] = {name: copy.deepcopy(get_engine(name).settings_schema) for name in engine_names()}
+    engines["additionalProperties"] = False
     return full
 
 
@@ -95,9 +99,10 @@ def _fill_defaults(node, schema: dict) -> None:
 
 
 def apply_defaults(config: dict) -> dict:
-    """Fill the schema's defaults (``servesweep/data/schema.yaml`` is their one source) without mutating the input."""
+    """Fill the schema's defaults (``servesweep/data/schema.yaml``, and each engine's ``settings_schema`` for its
+    ``engines`` block, are their one source) without mutating the input."""
     config = copy.deepcopy(config)
-    _fill_defaults(config, _raw_schema())
+    _fill_defaults(config, schema())
     return config
 
 

@@ -241,3 +241,46 @@ def test_the_library_never_touches_snakemake_objects():
             hits += [f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}: {n}" for n in code_names(node)
                      if n.split(".")[0] in ("snakemake", "Namedlist", "InputFiles", "OutputFiles", "Params")]
     assert not hits, hits
+
+
+def test_schema_engines_block_is_each_engines_settings_schema():
+    import yaml
+
+    from servesweep.config import ConfigError, check_config, schema
+    from servesweep.engines import get_engine
+
+    engines = schema()["properties"]["engines"]
+    assert engines["additionalProperties"] is False
+    assert list(engines["properties"]) == engine_names()
+    assert all(engines["properties"][n] == get_engine(n).settings_schema for n in engine_names())
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["engines"]["nosuchengine"] = {}
+    try:
+        check_config(config)
+    except ConfigError as err:
+        assert any(key == "engines" and "nosuchengine" in what for key, what, _ in err.problems), err.problems
+    else:
+        raise AssertionError("an engines block of an unknown engine was accepted")
+
+
+def test_llamacpp_version_is_spelled_alike_everywhere():
+    """The llama-cpp-python sdist version the embedded default builds: the build module's default is the one source;
+    the schema default comes from it, and the files that must spell it again (the bundle runs before servesweep is
+    installed, the configs and their README are read by people) agree with it. Recorded runs (examples/, tests/data/)
+    keep the version they ran."""
+    import yaml
+
+    from servesweep import bundle
+    from servesweep.config import apply_defaults
+    from servesweep.engines.llamacpp_build import DEFAULT_VERSION
+
+    assert apply_defaults({"engines": {"llamacpp": {}}})["engines"]["llamacpp"]["version"] == DEFAULT_VERSION
+    assert bundle.LLAMA_CPP_PYTHON == DEFAULT_VERSION
+    pinned = {}
+    for path in sorted((ROOT / "config").glob("*.yaml")):
+        version = ((yaml.safe_load(path.read_text()).get("engines") or {}).get("llamacpp") or {}).get("version")
+        if version is not None:
+            pinned[path.name] = version
+    assert "config.yaml" in pinned and set(pinned.values()) == {DEFAULT_VERSION}, pinned
+    readme = (ROOT / "config" / "README.md").read_text()
+    assert re.findall(r"`engines\.llamacpp\.version`.*\(default `([^`]+)`\)", readme) == [DEFAULT_VERSION]

@@ -142,6 +142,9 @@ class Engine(abc.ABC):
     # for: a config may not set them through ``extra_args`` or ``options`` (``managed_flag_problems``).
     managed_flags: dict[str, str] = {}
     host_needs = HostNeeds()
+    # The JSON schema of the engine's block under the config's ``engines:`` (the settings ``prepare`` gets), defaults
+    # included; ``servesweep.config.schema()`` puts each engine's under ``engines``, so the registry is its one list.
+    settings_schema: dict = {"type": "object", "additionalProperties": False, "properties": {}}
     # Model formats the engine takes as a `draft_model` (another models entry); none: it serves no draft model.
     draft_formats: tuple[str, ...] = ()
     # The JSON body of POST /tokenize: (text field, "add special tokens" field); special tokens are never added.
