@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 
 from servesweep import promtext, stats  # noqa: E402
-from servesweep.config import ServerConfig  # noqa: E402
+from servesweep.plan import ServerConfig  # noqa: E402
 from servesweep.engines.base import Engine, LaunchSpec  # noqa: E402
 from servesweep.lifecycle import ServerProcess, ServerStartError, group_members, preflight  # noqa: E402
 from servesweep.ports import free_port, port_in_use  # noqa: E402
