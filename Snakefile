@@ -1,5 +1,6 @@
 # servesweep: reproducible LLM-serving benchmarks.
-# model download -> environment checks -> one bench job per server config -> tables -> charts -> findings report
+# model download -> engine preparation and environment checks -> host warm-up -> one bench job per server config
+# and block, gathered per config -> tables, lossless and coding-eval tables -> charts -> findings report
 
 from snakemake.utils import min_version
 

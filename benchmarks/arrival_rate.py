@@ -2,6 +2,7 @@
 
     python3 benchmarks/arrival_rate.py                                # default rates, constant + Poisson
     python3 benchmarks/arrival_rate.py --rates 1 50 --arrival poisson --seconds 20 --out /tmp/rate.json
+    python3 benchmarks/arrival_rate.py --smoke                        # one short constant-rate cell (the tests)
 
 A minimal streaming ``/v1/completions`` endpoint (aiohttp, in a process of its own so that the client is what is
 measured) answers each request with ``--tokens`` one-token events after ``--ttft-ms``, ``--gap-ms`` apart. For each
@@ -97,7 +98,10 @@ def main() -> None:
     p.add_argument("--gap-ms", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
+    p.add_argument("--smoke", action="store_true", help="one rate, constant gaps, a 1 s window (what the tests run)")
     args = p.parse_args()
+    if args.smoke:
+        args.rates, args.arrival, args.seconds, args.min_sends, args.tokens = [20.0], "constant", 1.0, 5, 4
     ctx = multiprocessing.get_context("spawn")
     port = ctx.Queue()
     server = ctx.Process(target=_serve, args=(port, args.ttft_ms / 1e3, args.gap_ms / 1e3), daemon=True)

@@ -537,9 +537,10 @@ def measure_servers(truth: dict, configs: list[str], blocks: int, workdir: Path,
                     output_tokens: int = 16, measure_s: float = 1.0, seed: int = 0, parallel: int = 2) -> dict:
     """Each config launched once per block as llama-server would be, in decide.block_order's order; returns
     ``{config: {block: aggregate tok/s}}`` and the launch order."""
-    from servesweep.config import ServerConfig
+    from servesweep.plan import ServerConfig
     from servesweep.engines.llamacpp import LlamaCppEngine
-    from servesweep.lifecycle import ServerProcess, free_port
+    from servesweep.lifecycle import ServerProcess
+    from servesweep.ports import free_port
 
     workdir.mkdir(parents=True, exist_ok=True)
     binary = write_wrapper(workdir / "llama-server")

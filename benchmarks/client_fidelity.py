@@ -3,6 +3,7 @@
     python3 benchmarks/client_fidelity.py                       # all three clients, C = 1, 64, 256, 1024
     python3 benchmarks/client_fidelity.py --tools servesweep --concurrency 64 256 --capacity 512 2048
     python3 benchmarks/client_fidelity.py --servesweep-workers 2 --out /tmp/fidelity
+    python3 benchmarks/client_fidelity.py --smoke               # this project's client only, C = 2 (the tests)
 
 The endpoint is an OpenAI-compatible streaming ``/v1/completions`` with exactly known timing (time to first token,
 gap between chunks, tokens per chunk), served from its own process so the server is not what is measured. It
@@ -538,7 +539,12 @@ def main() -> None:
     p.add_argument("--tok-s-tolerance", type=float, default=0.05, help="allowed throughput shortfall (fraction)")
     p.add_argument("--cell-timeout-s", type=float, default=300)
     p.add_argument("--out", type=Path, default=None, help="folder for results.json, tables.md and client logs")
+    p.add_argument("--smoke", action="store_true", help="this project's client only, at C = 2, a few short requests "
+                   "(what the tests run)")
     args = p.parse_args()
+    if args.smoke:
+        args.tools, args.concurrency, args.capacity = ["servesweep"], [2], [2]
+        args.output_tokens, args.requests_per_stream, args.min_requests = 8, 1, 4
 
     out = args.out or Path(tempfile.mkdtemp(prefix="client-fidelity-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 
 from servesweep import promtext, stats  # noqa: E402
-from servesweep.config import ServerConfig  # noqa: E402
+from servesweep.plan import ServerConfig  # noqa: E402
 from servesweep.engines.base import Engine, LaunchSpec  # noqa: E402
-from servesweep.lifecycle import (ServerProcess, ServerStartError, free_port, group_members,  # noqa: E402
-                                  port_in_use, preflight)
+from servesweep.lifecycle import ServerProcess, ServerStartError, group_members, preflight  # noqa: E402
+from servesweep.ports import free_port, port_in_use  # noqa: E402
 from servesweep.loadgen import LoadSpec, run_load  # noqa: E402
 
 FAULT_SERVER = ROOT / "tests" / "fault_server.py"

@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--hz", type=float, default=20.0)
     ap.add_argument("--gpus", type=int, nargs="*", default=[1, 2, 4, 8], help="GPU counts to try (fake only)")
+    ap.add_argument("--smoke", action="store_true", help="one fake GPU for 0.3 s (what the tests run)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.nvml, args.seconds, args.gpus = "fake", 0.3, [1]
     interval = 1 / args.hz
     if args.nvml == "real":
         import pynvml

@@ -1,7 +1,8 @@
-import json
-import sys
+from servesweep.logs import configure
 
-sys.stderr = open(snakemake.log[0], "w")
+configure(snakemake.log[0])
+
+import json
 
 from servesweep.envcheck import check_host, render_card, raise_for_blockers
 

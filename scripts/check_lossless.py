@@ -1,6 +1,6 @@
-import sys
+from servesweep.logs import configure
 
-sys.stderr = open(snakemake.log[0], "w")
+configure(snakemake.log[0])
 
 from pathlib import Path
 

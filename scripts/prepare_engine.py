@@ -1,9 +1,9 @@
-import json
-
 from servesweep.logs import configure
 
 # Engine.prepare still takes the stream its build steps write to (a compiler's output is not log records).
 stream = configure(snakemake.log[0])
+
+import json
 
 from servesweep.engines import get_engine
 

@@ -1,10 +1,9 @@
-import json
-import logging
-
 from servesweep.logs import configure
 
 configure(snakemake.log[0])
 
+import json
+import logging
 from pathlib import Path
 
 from servesweep.warmup import describe_growth, warm_host

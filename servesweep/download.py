@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from servesweep.lifecycle import free_port
+from servesweep.ports import free_port
 
 log = logging.getLogger(__name__)
 

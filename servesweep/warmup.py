@@ -69,7 +69,7 @@ def warm_host(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, o
     import socket
     import time
 
-    from servesweep.config import ServerConfig
+    from servesweep.plan import ServerConfig
     from servesweep.engines import get_engine
     from servesweep.lifecycle import ServerProcess, claim_launch, lease_for_config, lease_settings, wait_until_ready
 

@@ -1,5 +1,6 @@
-"""The layering rules of docs/architecture.md, checked on the source: engine names only in servesweep/engines/, and no
-import cycle among servesweep's modules."""
+"""The layering rules of docs/architecture.md, checked on the source: engine names only in servesweep/engines/, no
+import cycle among servesweep's modules or its rooms (type-only imports included, so no import runs up), modules of a
+readable size, and adapters that set up their log first."""
 import ast
 import re
 from pathlib import Path
@@ -148,17 +149,18 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _runtime_imports(tree: ast.AST):
-    """Import nodes, leaving out ``if TYPE_CHECKING:`` blocks (type names only, never run)."""
+def _imports(tree: ast.AST, type_only: bool = False):
+    """Import nodes, leaving out ``if TYPE_CHECKING:`` blocks (type names only, never run) unless ``type_only``."""
     skip = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not type_only and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
     return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """servesweep module -> the servesweep modules it imports, at any depth of the file (lazy imports count).
+def import_graph(type_only: bool = False) -> dict[str, set[str]]:
+    """servesweep module -> the servesweep modules it imports, at any depth of the file (lazy imports count; with
+    ``type_only``, imports under ``TYPE_CHECKING`` too).
 
     A package's ``__init__`` that a submodule import runs is not an edge: the registry imports its engines and they
     import their siblings.
@@ -168,7 +170,7 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets = set()
-        for node in _runtime_imports(ast.parse(path.read_text())):
+        for node in _imports(ast.parse(path.read_text()), type_only):
             if isinstance(node, ast.Import):
                 targets |= {a.name for a in node.names}
             else:
@@ -224,6 +226,54 @@ def test_no_import_cycle():
     assert cycles(graph) == []
 
 
+def room(module: str) -> str:
+    """The room a module lives in: a top-level module, or a package of servesweep with everything under it."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_runs_up():
+    """With the type-only imports counted too, modules and rooms (packages taken whole) stand in layers: each imports
+    only what stands below it. The typed sweep (``plan``) is below the engines that take its types."""
+    graph = import_graph(type_only=True)
+    assert "servesweep.plan" in graph["servesweep.engines.base"]  # the graph sees type-only imports
+    assert cycles(graph) == []
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room(module), set()).update(room(t) for t in targets if room(t) != room(module))
+    assert cycles(rooms) == []
+    assert "servesweep.lifecycle" not in rooms["servesweep.download"]
+
+
+# Modules kept whole above the size the others stay under, and why.
+LONG_MODULES_ALLOWED = {
+    # Copied into every bundle and run with a bare Python before servesweep is installed: one standard-library file.
+    "servesweep/bundle.py",
+    # The findings report: its sections are to become a package of their own.
+    "servesweep/report.py",
+}
+MAX_MODULE_LINES = 650
+
+
+def test_modules_stay_readable():
+    long = {p.relative_to(ROOT).as_posix(): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert set(long) - LONG_MODULES_ALLOWED == set(), f"split along its seams: {long}"
+
+
+def test_scripts_set_up_their_log_before_the_library():
+    """Every adapter calls ``servesweep.logs.configure(snakemake.log[0])`` before it imports anything else of
+    servesweep, so whatever those imports log or print lands in the job's log."""
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        first_lib = next(n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
+            "servesweep"))
+        assert first_lib.module == "servesweep.logs", f"{path.name}: import servesweep.logs first"
+        configured = next(i for i, n in enumerate(tree.body) if "configure(snakemake.log[0])" in ast.unparse(n))
+        later = [n for n in tree.body[:configured] if isinstance(n, ast.ImportFrom) and n is not first_lib
+                 and (n.module or "").startswith("servesweep")]
+        assert not later, f"{path.name}: call configure(snakemake.log[0]) before importing the library"
+
+
 def test_schema_engine_enum_is_the_registry():
     from servesweep.config import schema
 
@@ -241,3 +291,46 @@ def test_the_library_never_touches_snakemake_objects():
             hits += [f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}: {n}" for n in code_names(node)
                      if n.split(".")[0] in ("snakemake", "Namedlist", "InputFiles", "OutputFiles", "Params")]
     assert not hits, hits
+
+
+def test_schema_engines_block_is_each_engines_settings_schema():
+    import yaml
+
+    from servesweep.config import ConfigError, check_config, schema
+    from servesweep.engines import get_engine
+
+    engines = schema()["properties"]["engines"]
+    assert engines["additionalProperties"] is False
+    assert list(engines["properties"]) == engine_names()
+    assert all(engines["properties"][n] == get_engine(n).settings_schema for n in engine_names())
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["engines"]["nosuchengine"] = {}
+    try:
+        check_config(config)
+    except ConfigError as err:
+        assert any(key == "engines" and "nosuchengine" in what for key, what, _ in err.problems), err.problems
+    else:
+        raise AssertionError("an engines block of an unknown engine was accepted")
+
+
+def test_llamacpp_version_is_spelled_alike_everywhere():
+    """The llama-cpp-python sdist version the embedded default builds: the build module's default is the one source;
+    the schema default comes from it, and the files that must spell it again (the bundle runs before servesweep is
+    installed, the configs and their README are read by people) agree with it. Recorded runs (examples/, tests/data/)
+    keep the version they ran."""
+    import yaml
+
+    from servesweep import bundle
+    from servesweep.config import apply_defaults
+    from servesweep.engines.llamacpp_build import DEFAULT_VERSION
+
+    assert apply_defaults({"engines": {"llamacpp": {}}})["engines"]["llamacpp"]["version"] == DEFAULT_VERSION
+    assert bundle.LLAMA_CPP_PYTHON == DEFAULT_VERSION
+    pinned = {}
+    for path in sorted((ROOT / "config").glob("*.yaml")):
+        version = ((yaml.safe_load(path.read_text()).get("engines") or {}).get("llamacpp") or {}).get("version")
+        if version is not None:
+            pinned[path.name] = version
+    assert "config.yaml" in pinned and set(pinned.values()) == {DEFAULT_VERSION}, pinned
+    readme = (ROOT / "config" / "README.md").read_text()
+    assert re.findall(r"`engines\.llamacpp\.version`.*\(default `([^`]+)`\)", readme) == [DEFAULT_VERSION]

@@ -156,7 +156,7 @@ def test_truth_server_answers_as_llama_server(tmp_path):
     """What servesweep asks of a llama-server: --version, readiness, /v1/models, /props slots, /tokenize, /metrics
     and a paced stream whose speed is the configured one."""
     from servesweep.engines import llamacpp
-    from servesweep.lifecycle import free_port
+    from servesweep.ports import free_port
 
     wrapper = cal.write_wrapper(tmp_path / "llama-server")
     assert llamacpp.reported_version(wrapper) == truth_server.VERSION_LINE

@@ -193,7 +193,7 @@ def test_real_llama_server_drafts_with_a_draft_model(tmp_path):
     import time
     import urllib.request
 
-    from servesweep.lifecycle import free_port
+    from servesweep.ports import free_port
 
     engine, port = get_engine("llamacpp"), free_port()
     sc = _sc("llamacpp", {"parallel": 1, "ctx_size": 1024, "threads": 2, "draft_max": 4}, "gguf",

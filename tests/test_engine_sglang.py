@@ -13,7 +13,7 @@ from conftest import loopback_app
 from servesweep.config import ServerConfig
 from servesweep.engines import get_engine
 from servesweep.engines.sglang import flag_problems, server_identity
-from servesweep.engines.sglang_flags import fields_from_log, flags_from_source
+from benchmarks.sglang_flags import fields_from_log, flags_from_source
 
 DATA = Path(__file__).parent / "data" / "sglang-0.5.17-h200"
 SNAPSHOTS = Path(__file__).parent / "data"
@@ -184,7 +184,7 @@ class ServerArgs:
         "--reasoning-parser", "--cuda-graph-max-bs"])
     assert flags_from_source(source, ["tp_size", "torchao_config"]) == sorted([
         "--tp-size", "--tensor-parallel-size", "--torchao-config", "--reasoning-parser", "--cuda-graph-max-bs"])
-    from servesweep.engines.sglang_flags import main
+    from benchmarks.sglang_flags import main
 
     (tmp_path / "server_args.py").write_text(source)
     out = tmp_path / "snap.json"

@@ -1,6 +1,5 @@
 """The two-GPU MoE sweep recorded through the pipeline (examples/2xh200-sglang-moe/): the report regenerates from the
 committed run folders and says what the measurements show."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -8,17 +7,16 @@ import pandas as pd
 from report_claims import check_claims
 import pytest
 
+from servesweep.rebuild import report_from_example
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "2xh200-sglang-moe"
 LAYOUTS = {"tp2": (2, 1, 1, 1), "ep2": (2, 2, 1, 1), "dp2": (1, 1, 2, 1), "pp2": (1, 1, 1, 2)}
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("x2_make_report", EXAMPLE / "make_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     out = tmp_path_factory.mktemp("x2")
-    text = module.build_report(out)
+    text = report_from_example(EXAMPLE, out)
     cells, speedup = pd.read_csv(out / "cells.csv"), pd.read_csv(out / "speedup.csv")
     assert check_claims(text, speedup, cells) > 0
     return text, cells, speedup, json.loads((out / "noise.json").read_text())

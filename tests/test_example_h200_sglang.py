@@ -1,7 +1,6 @@
 """The SGLang 0.5.17 sweep recorded by the pipeline itself on an H200 host (examples/h200-sglang/): the report
 regenerates from the committed bench-job outputs and says what the measurements show; the parser reads the real server
 logs of that run."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,22 +9,16 @@ from report_claims import check_claims
 import pytest
 
 from servesweep.engines.sglang import SGLangEngine, parse_sglang_log
+from servesweep.rebuild import report_from_example
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-sglang"
 RUNS = EXAMPLE / "runs"
 
 
-def _load_make_report():
-    spec = importlib.util.spec_from_file_location("h200_sglang_make_report", EXAMPLE / "make_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("h200-sglang-report")
-    text = _load_make_report().build_report(out)
+    text = report_from_example(EXAMPLE, out)
     cells, speedup = pd.read_csv(out / "cells.csv"), pd.read_csv(out / "speedup.csv")
     assert check_claims(text, speedup, cells) > 0
     return text, cells, speedup

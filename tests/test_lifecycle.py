@@ -12,7 +12,8 @@ import pytest
 
 from servesweep.config import ServerConfig
 from servesweep.engines.base import Engine, LaunchSpec
-from servesweep.lifecycle import ServerProcess, ServerStartError, free_port, port_in_use, wait_until_ready
+from servesweep.lifecycle import ServerProcess, ServerStartError, wait_until_ready
+from servesweep.ports import free_port, port_in_use
 
 FAKE = Path(__file__).parent / "data" / "fake_server.py"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.lifecycle import (ServerConflict, ServerProcess, free_port, group_members, port_in_use, preflight,
-                                  start_ticks)
+from servesweep.lifecycle import ServerConflict, ServerProcess, group_members, preflight, start_ticks
+from servesweep.ports import free_port, port_in_use
 
 FAKE = Path(__file__).parent / "data" / "fake_server.py"
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,8 @@ def start_job(tmp_path, launch: str, records: Path, orphan_guard=True, ready_tim
     code = textwrap.dedent(f"""
         import json, sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from servesweep.lifecycle import ServerProcess, port_in_use, free_port
+        from servesweep.lifecycle import ServerProcess
+        from servesweep.ports import free_port, port_in_use
         from servesweep.engines.base import LaunchSpec
     """) + textwrap.dedent(launch) + textwrap.dedent(f"""
         server = ServerProcess(spec, {str(tmp_path / 'server.log')!r}, stop_grace_s=1.0, records_dir={str(records)!r},

@@ -14,6 +14,7 @@ from servesweep.clock import now
 from servesweep.config import ServerConfig
 from servesweep.engines import engine_names, get_engine
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS, LoadSpec, is_client_bound, run_load
+from servesweep.loadgen import workers
 from fake_stream import stream_completion
 
 TTFT_S = 0.05
@@ -100,7 +101,7 @@ def test_client_bound_threshold(lag, bound):
 
 
 def test_share_is_proportional_and_complete():
-    parts = loadgen._share(list(range(10)), [3, 1, 1])
+    parts = workers._share(list(range(10)), [3, 1, 1])
     assert [len(p) for p in parts] == [6, 2, 2]
     assert sum(parts, []) == list(range(10))
 

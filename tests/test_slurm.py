@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.lifecycle import free_port
+from servesweep.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from servesweep.config import ServerConfig
+from servesweep.plan import ServerConfig
 from servesweep.correctness import humaneval, lossless
 from servesweep.correctness.client import complete
 from servesweep.correctness.sandbox import NO_SANDBOX_FIX, Limits, SandboxUnavailable, self_test

@@ -12,8 +12,8 @@ import aiohttp
 
 from servesweep import promtext
 
-if TYPE_CHECKING:  # type names only: the config module imports the registry at run time
-    from servesweep.config import Matrix, ServerConfig
+if TYPE_CHECKING:  # type names only: loading an engine module stays cheap
+    from servesweep.plan import Matrix, ServerConfig
 
 # Per-cell speculative-decoding columns every engine's ``cell_metrics`` returns. NaN: the engine does not report the
 # quantity (so nothing can be said); 0: it reports it and the cell had none.
@@ -123,7 +123,7 @@ def gpu_jit_cache_dirs(env: dict | None, *extra: str) -> list[Path]:
 class Engine(abc.ABC):
     """One inference server. Subclasses say what differs; defaults suit an OpenAI-compatible server.
 
-    Every method that concerns one server configuration takes a :class:`servesweep.config.ServerConfig`; callers
+    Every method that concerns one server configuration takes a :class:`servesweep.plan.ServerConfig`; callers
     holding the raw config dict convert with ``ServerConfig.from_config(name, config)``.
     """
 
@@ -142,6 +142,9 @@ class Engine(abc.ABC):
     # for: a config may not set them through ``extra_args`` or ``options`` (``managed_flag_problems``).
     managed_flags: dict[str, str] = {}
     host_needs = HostNeeds()
+    # The JSON schema of the engine's block under the config's ``engines:`` (the settings ``prepare`` gets), defaults
+    # included; ``servesweep.config.schema()`` puts each engine's under ``engines``, so the registry is its one list.
+    settings_schema: dict = {"type": "object", "additionalProperties": False, "properties": {}}
     # Model formats the engine takes as a `draft_model` (another models entry); none: it serves no draft model.
     draft_formats: tuple[str, ...] = ()
     # The JSON body of POST /tokenize: (text field, "add special tokens" field); special tokens are never added.

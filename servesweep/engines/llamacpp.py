@@ -83,6 +83,11 @@ class LlamaCppEngine(Engine):
     options = OPTIONS
     positive_int_options = ("parallel", "ctx_size", "threads")
     tokenize_fields = ("content", "add_special")
+    settings_schema = {"type": "object", "additionalProperties": False, "properties": {
+        "version": {"type": "string", "default": llamacpp_build.DEFAULT_VERSION},
+        "flavour": {"type": "string", "default": "cpu", "pattern": "^(cpu|cuda(-[0-9]+)?)$"},
+        "binary": {"type": "string"},
+    }}
     generated_tokens_metric = "llamacpp:tokens_predicted_total"
     managed_flags = {
         **SERVING_FLAGS,

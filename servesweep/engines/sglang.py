@@ -288,6 +288,8 @@ class SGLangEngine(Engine):
     positive_int_options = POSITIVE_INT_OPTIONS
     bool_options = BOOL_OPTIONS
     host_needs = HostNeeds(modules=("sglang",), gpu_jit=True, flashinfer=True)
+    settings_schema = {"type": "object", "additionalProperties": False,
+                       "properties": {"python": {"type": "string"}, "version": {"type": "string"}}}
     draft_formats = ("hf",)
 
     # --- configuration -----------------------------------------------------------------------------------

@@ -124,6 +124,8 @@ class VLLMEngine(Engine):
     options = OPTIONS
     positive_int_options = POSITIVE_INT_OPTIONS
     host_needs = HostNeeds(modules=("vllm",), gpu_jit=True)
+    settings_schema = {"type": "object", "additionalProperties": False,
+                       "properties": {"executable": {"type": "string"}, "version": {"type": "string"}}}
     draft_formats = ("hf",)
 
     def cache_dirs(self, env=None):

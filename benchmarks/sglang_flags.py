@@ -2,13 +2,13 @@
 
 From an install (argparse introspection of ``ServerArgs.add_cli_args``)::
 
-    python -m servesweep.engines.sglang_flags --out tests/data/sglang-flags-0.5.17.json
+    python3 benchmarks/sglang_flags.py --out tests/data/sglang-flags-0.5.17.json
 
 From a ``server_args.py`` source file (field metadata and the manual ``add_argument`` registrations), optionally
 restricted to the ServerArgs fields a real server of the target version printed in its log
 (``server_args=ServerArgs(...)``)::
 
-    python -m servesweep.engines.sglang_flags --source server_args.py --fields-from-log server.log \\
+    python3 benchmarks/sglang_flags.py --source server_args.py --fields-from-log server.log \\
         --version 0.5.17 --origin "<where the source came from>" --out tests/data/sglang-flags-0.5.17.json
 """
 from __future__ import annotations
@@ -20,7 +20,10 @@ import re
 import sys
 from pathlib import Path
 
-from servesweep.engines.sglang import installed_sglang_flags
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from servesweep.engines.sglang import installed_sglang_flags  # noqa: E402
 
 
 def _field_cli(node: ast.AnnAssign) -> dict | None:
