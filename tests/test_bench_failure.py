@@ -79,7 +79,7 @@ def test_a_sandbox_that_cannot_work_fails_the_job_before_its_server_starts(tmp_p
     monkeypatch.delenv(sandbox.ALLOW_UNSANDBOXED_ENV, raising=False)
     paths = JobPaths.for_config(tmp_path / "results", "ar")
     outputs = CorrectnessOutputs(tmp_path / "coding_eval.json", tmp_path / "greedy.jsonl")
-    with pytest.raises(sandbox.SandboxUnavailable, match="config 'ar' runs the coding eval.*not installed — fix: "
+    with pytest.raises(sandbox.SandboxUnavailable, match="config 'ar' runs the coding eval.*not installed.* — fix: "
                        "apt-get install bubblewrap, or set correctness.coding_eval.sandbox: none"):
         run_config("ar", config, {"path": str(tmp_path / "model")}, {}, paths, correctness_outputs=outputs)
     assert not paths.attempt_dir.exists() and not paths.servers_dir.exists()  # nothing launched, nothing leased

@@ -17,6 +17,7 @@ SMOKE = {
     "arrival_rate.py": [],
     "telemetry_sampler.py": [],
     "client_fidelity.py": ["--out", "{tmp}"],
+    "pairing_gain.py": [],
 }
 # script -> the test that runs it
 RUN_ELSEWHERE = {

@@ -301,7 +301,7 @@ def test_main_prints_the_card(capsys, tmp_path):
 
 
 NO_BWRAP = {"bwrap": None, "works": False, "allow_unsandboxed_env": False,
-            "error": "bwrap (bubblewrap) is not installed — fix: apt-get install bubblewrap (setup.sh does)"}
+            "error": "bwrap (bubblewrap) is not installed (setup.sh installs it)"}
 CODING_EVAL = {**SGLANG_1, "coding_eval_configs": ["ar", "ngram"], "sandbox": "bwrap"}
 SANDBOX_FIX = ("apt-get install bubblewrap, or set correctness.coding_eval.sandbox: none to run model-written code "
                "unconfined (labelled)")

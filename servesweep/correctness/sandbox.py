@@ -197,7 +197,7 @@ def bwrap_problem() -> str | None:
     """Why bwrap cannot sandbox a program here (None when it can): missing, or the error of a probe run."""
     exe = shutil.which("bwrap")
     if exe is None:
-        return "bwrap (bubblewrap) is not installed — fix: apt-get install bubblewrap (setup.sh does)"
+        return "bwrap (bubblewrap) is not installed (setup.sh installs it)"
     try:
         python, binds = _interpreter()
     except SandboxUnavailable as exc:
