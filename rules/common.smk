@@ -11,6 +11,7 @@ from servesweep.decide import block_order
 from servesweep.correctness.job import coding_eval_configs
 from servesweep.engines import engine_names, get_engine
 from servesweep.envcheck import nvls_configs
+from servesweep.plan import bench_params
 
 # The library's check first (schema with key-naming messages, defaults, semantic checks), then Snakemake's own
 # validation against the package's schema. All of this happens while the DAG is built: before any server starts.
@@ -75,21 +76,7 @@ def get_engine_of(wildcards):
 
 def get_bench_params(wildcards):
     """Everything that defines one config's measurement: editing it reruns that config only."""
-    entry = config["server_configs"][wildcards.cfg]
-    run = {
-        "server_config": entry,
-        "model": config["models"][entry["model"]],
-        "engine_settings": config.get("engines", {}).get(entry["engine"], {}),
-        "matrix": config["matrix"],
-        "correctness": config.get("correctness", {}),
-        "slo": config.get("slo", {}),  # goodput per target is counted per request by the bench job
-        # how this host's resources are leased (docs/faults.md): the lock folder and waiting or refusing when busy
-        "host": {k: config["host"].get(k) for k in ("parallel_cpu_benches", "lock_dir", "when_busy")},
-    }
-    # Only a config with a draft model gets the key: the params of every other config stay as they were.
-    if entry.get("draft_model"):
-        run["draft_model"] = config["models"][entry["draft_model"]]
-    return run
+    return bench_params(config, wildcards.cfg)
 
 
 def block_priority(wildcards):

@@ -17,8 +17,6 @@ import platform
 import shutil
 import socket
 import statistics
-import time
-import traceback
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -27,15 +25,17 @@ import aiohttp
 from servesweep import promtext
 from servesweep import stats as stats_mod
 from servesweep.clock import now
-from servesweep.config import Matrix, ServerConfig
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
 from servesweep.engines import get_engine
 from servesweep.envcheck import cpu_model
-from servesweep.lifecycle import (ServerProcess, ServerStartError, claim_launch, lease_for_config, lease_settings,
+from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, failure_message, publish_failure,
+                                       remeasure_command)
+from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
                                   tail_lines, wait_until_ready)
 from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
                                 corpus_text, run_load)
-from servesweep.slo import SLO, slos_from_config
+from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
+from servesweep.slo import SLO
 from servesweep.warmup import cache_growth, cache_snapshot
 from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
 
@@ -79,19 +79,6 @@ class CellKey:
                 "request_rate": self.request_rate, "repeat": self.repeat}
 
 
-@dataclass(frozen=True)
-class Block:
-    """Which launch of a config this job is: block ``index`` of the sweep, launched ``position``-th in the block's
-    planned order, in the pipeline run ``run`` (the launches of one block are paired in time only within one run)."""
-
-    index: int = 0
-    position: int = 0
-    run: str = ""
-
-    def columns(self) -> dict:
-        return {"block": self.index, "block_position": self.position, "block_run": self.run}
-
-
 @dataclass
 class CellRow:
     """One measured repeat of one cell: its key, its measured columns (in repeats.csv order) and its requests."""
@@ -112,37 +99,6 @@ class CellRow:
         """The requests, each tagged with the config, the cell's key and the block (NaN is null in JSON lines)."""
         keys = {k: None if v != v else v for k, v in self.key.as_dict().items()}
         return [{**r, "config": self.config, **keys, "block": self.block.index} for r in self.records]
-
-
-def run_folder(results: Path, cfg: str, block: int | None = None) -> Path:
-    """Where a config's job writes its declared outputs: its run folder, or with ``block`` its launch folder."""
-    return Path(results) / "runs" / cfg if block is None else Path(results) / "blocks" / cfg / f"b{block}"
-
-
-@dataclass
-class JobPaths:
-    cells_csv: Path
-    repeats_csv: Path
-    requests_jsonl: Path
-    meta_json: Path
-    server_log: Path
-    telemetry_csv: Path
-    attempt_dir: Path
-    servers_dir: Path = Path("results/.servers")  # launch records of running servers (lifecycle.preflight)
-
-    @classmethod
-    def for_config(cls, results: Path, cfg: str, stamp: str | None = None, block: int | None = None) -> "JobPaths":
-        """The paths of one config's job: its run folder, or with ``block`` its launch folder of that block."""
-        run = run_folder(results, cfg, block)
-        stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
-        name = stamp if block is None else f"b{block}-{stamp}"
-        attempt = Path(results) / "attempts" / cfg / name
-        n = 2
-        while attempt.exists():  # a retry within the same second (a server that fails at once): a folder of its own
-            attempt = attempt.with_name(f"{name}-{n}")
-            n += 1
-        return cls(run / "cells.csv", run / "repeats.csv", run / "requests.jsonl", run / "meta.json",
-                   run / "server.log", run / "telemetry.csv", attempt, Path(results) / ".servers")
 
 
 class CellWriter:
@@ -271,57 +227,6 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     return records, row
 
 
-# Where a launch can fail (the ``stage`` of its failure record), in the words its failure message uses.
-STAGES = {
-    "setup": "before its server was launched",  # sandbox probe, draft model, host lease, pre-flight checks
-    "launch": "while its server was starting",
-    "readiness": "before its server was ready",
-    "measurement": "while measuring its matrix",
-    "correctness": "in its correctness checks, after its whole matrix was measured",
-}
-# Lines of the traceback a failure record keeps (the whole traceback is in the job's log).
-TRACEBACK_LINES = 12
-
-
-@dataclass(frozen=True)
-class LaunchFailure:
-    """Why one launch of a config failed: its ``stage`` (a key of :data:`STAGES`), the error (``reason``), the last
-    lines of its traceback, the attempt folder that keeps what it measured, and how many cells it finished there."""
-
-    stage: str
-    reason: str
-    traceback_tail: str
-    attempt_dir: str | None
-    cells_measured: int = 0
-
-    @classmethod
-    def of(cls, error: BaseException, stage: str, attempt_dir: Path | None, cells: int = 0) -> "LaunchFailure":
-        lines = "".join(traceback.format_exception(error)).rstrip().splitlines()
-        kept = str(attempt_dir) if attempt_dir is not None and Path(attempt_dir).exists() else None
-        return cls(stage, f"{type(error).__name__}: {error}", "\n".join(lines[-TRACEBACK_LINES:]), kept, cells)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-class BenchJobFailed(RuntimeError):
-    """A config's job failed: at which stage, why, and where what it measured before failing is kept
-    (``failure``)."""
-
-    def __init__(self, message: str, failure: LaunchFailure):
-        super().__init__(message)
-        self.failure = failure
-
-
-def failure_message(cfg_name: str, stage: str, error: BaseException, paths: JobPaths, cells: int) -> str:
-    """What a failed job says: its stage and error, then the attempt folder that keeps its measurements."""
-    return (f"config '{cfg_name}' failed {STAGES[stage]}: {type(error).__name__}: {error}\n"
-            f"What it measured is kept in {paths.attempt_dir}/: {cells} cell(s) in cells.csv and repeats.csv, the "
-            "requests in requests.jsonl, server.log, telemetry.csv and meta.json (with this error). Before the "
-            "job's last attempt Snakemake runs it again; on the last, the failure is recorded as the launch's outputs "
-            f"in {paths.cells_csv.parent}/ (status: failed in meta.json) and the report names it.")
-
-
 class CellServerDied(ServerStartError):
     """The server exited during a cell; ``row`` holds what the cell's requests saw."""
 
@@ -423,74 +328,97 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
     return described
 
 
-def run_config(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths,
-               correctness_outputs: CorrectnessOutputs | None = None, host_warmup: dict | None = None,
-               block: Block = Block(), draft_manifest: dict | None = None) -> dict:
-    """The whole job for one server config. Returns meta; raises after writing what was measured on failure.
+@dataclass(frozen=True)
+class JobInputs:
+    """What a bench job's input files say: its model's manifest, the prepared engine's facts, what the host's warm-up
+    launch of this engine took (:func:`servesweep.warmup.warm_host`; None without one) and the manifest of the
+    config's ``draft_model`` (required when it names one)."""
+
+    manifest: dict
+    engine_facts: dict
+    host_warmup: dict | None = None
+    draft_manifest: dict | None = None
+
+
+@dataclass(frozen=True)
+class HeldHost:
+    """The host's resources a launch holds while it runs: its lease and the GPUs it got (none for a CPU engine)."""
+
+    lease: HostLease
+    gpus: list[int]
+
+
+def run_config(job: BenchJob, inputs: JobInputs, paths: JobPaths,
+               correctness_outputs: CorrectnessOutputs | None = None) -> dict:
+    """The whole job for one launch of one server config. Returns meta; raises after writing what was measured on
+    failure.
 
     With ``correctness_outputs``, the coding eval and the lossless check's greedy completions follow the matrix
-    while the server is still up. ``host_warmup``: what the host's warm-up launch of this engine took
-    (:func:`servesweep.warmup.warm_host`), kept in meta.json for the report. ``block``: which launch of the config
-    this is (every row and request carries it). ``draft_manifest``: the manifest of
-    the config's ``draft_model`` (required when it names one).
+    while the server is still up. Every row and request carries the job's block.
     """
-    sc = ServerConfig.from_config(cfg_name, config)
+    sc = job.server
     if sc.draft_model_name is not None:
-        if not draft_manifest or draft_manifest.get("model") != sc.draft_model_name:
-            raise ValueError(f"config '{cfg_name}': the manifest of its draft model '{sc.draft_model_name}' was not "
-                             f"given (got {(draft_manifest or {}).get('model')!r}) — fix: pass it as the bench job's "
+        draft = inputs.draft_manifest
+        if not draft or draft.get("model") != sc.draft_model_name:
+            raise ValueError(f"config '{job.name}': the manifest of its draft model '{sc.draft_model_name}' was not "
+                             f"given (got {(draft or {}).get('model')!r}) — fix: pass it as the bench job's "
                              "draft_model input")
-        sc = replace(sc, draft_path=Path(draft_manifest["path"]))
-    engine = get_engine(sc.engine)
-    matrix = Matrix.from_config(config["matrix"], sc.workloads, sc.request_rates)
-    world = engine.world_size(sc.options)
+        job = replace(job, server=replace(sc, draft_path=Path(draft["path"])))
+    world = get_engine(sc.engine).world_size(sc.options)
     if correctness_outputs is not None:
         # the coding eval runs after the matrix: a sandbox that cannot work fails the job before the server starts
-        check_sandbox(sc, config.get("correctness"))
+        check_sandbox(sc, job.correctness)
 
     def waiting(path: Path) -> None:
-        log.info("[%s] waiting for %s: another bench job is using this host's resources", cfg_name, path.name)
+        log.info("[%s] waiting for %s: another bench job is using this host's resources", job.name, path.name)
 
-    lease, gpus = lease_for_config(paths.servers_dir, sc.env, world,
-                                   exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False),
-                                   on_wait=waiting, **lease_settings(config))
+    lease, gpus = lease_for_config(paths.servers_dir, sc.env, world, exclusive_cpu=not job.host.parallel_cpu_benches,
+                                   on_wait=waiting, lock_dir=job.host.lock_dir, when_busy=job.host.when_busy)
     try:
-        return _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine,
-                           matrix, world, gpus, lease, host_warmup, block)
+        return _run_leased(job, inputs, paths, correctness_outputs, HeldHost(lease, gpus))
     finally:
         lease.release()
 
 
-def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_outputs, sc, engine, matrix,
-                world, gpus, lease, host_warmup=None, block: Block = Block()) -> dict:
-    """``run_config`` once the host's resources for this config are held."""
-    # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
-    # before anything is measured beside it.
-    spec, port, reaped = claim_launch(paths.servers_dir, gpus, engine, sc, Path(manifest["path"]), engine_facts)
-    writer = CellWriter(paths.attempt_dir)
-    server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,
-                           records_dir=paths.servers_dir, name=cfg_name, gpus=gpus,
-                           config=config["server_configs"][cfg_name])
-    telemetry = Telemetry(gpus, samples_path=paths.attempt_dir / "telemetry.csv")
+def launch_meta(job: BenchJob, inputs: JobInputs, engine, spec, port: int, reaped: list[str],
+                held: HeldHost) -> dict:
+    """The meta.json of a launch as it starts (``status: running``): the job, its server's command line and
+    environment, its model, the host, and the lease it holds; the launch adds its times and outcome."""
+    sc, manifest, files = job.server, inputs.manifest, inputs.manifest.get("files") or []
     meta: dict = {
-        "config": cfg_name, "engine": sc.engine, "engine_version": engine_facts.get("version"),
-        "engine_facts": engine_facts, "argv": spec.argv, "env": spec.env, "port": port,
+        "config": job.name, "engine": sc.engine, "engine_version": inputs.engine_facts.get("version"),
+        "engine_facts": inputs.engine_facts, "argv": spec.argv, "env": spec.env, "port": port,
         "model": sc.model_name, "model_path": manifest["path"],
         "model_architecture": sc.model.get("architecture") or {},
-        "model_sha256": (manifest.get("files") or [{}])[0].get("sha256") if len(manifest.get("files") or []) == 1
-        else None, "model_manifest_files": len(manifest.get("files") or []), "load_format": manifest.get("load_format"),
-        "labels": sc.labels, "options": sc.options, "host": socket.gethostname(), "platform": platform.platform(),
-        "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "warnings": engine.config_warnings(sc),
-        "matrix": config["matrix"], "request_rates": matrix.request_rates,
-        "slo": config.get("slo") or {}, "status": "running", **block.columns(),
+        "model_sha256": files[0].get("sha256") if len(files) == 1 else None, "model_manifest_files": len(files),
+        "load_format": manifest.get("load_format"), "labels": sc.labels, "options": sc.options,
+        "host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(), "warnings": engine.config_warnings(sc) + reaped, "matrix": job.matrix_section,
+        "request_rates": job.matrix.request_rates, "slo": job.slo_section(), "status": "running",
+        **job.block.columns(),
     }
     if sc.draft_model_name is not None:
         meta["draft_model"] = sc.draft_model_name
         meta["draft_model_path"] = str(sc.draft_path)
-    meta["warnings"] += reaped
-    meta["host_lease"] = {"locks": [p.name for p in lease.paths], "waited_s": lease.waited_s}
-    if host_warmup:
-        meta["host_warmup"] = host_warmup
+    meta["host_lease"] = {"locks": [p.name for p in held.lease.paths], "waited_s": held.lease.waited_s}
+    if inputs.host_warmup:
+        meta["host_warmup"] = inputs.host_warmup
+    return meta
+
+
+def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_outputs: CorrectnessOutputs | None,
+                held: HeldHost) -> dict:
+    """``run_config`` once the host's resources for this config are held."""
+    sc, engine, gpus = job.server, get_engine(job.server.engine), held.gpus
+    # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
+    # before anything is measured beside it.
+    spec, port, reaped = claim_launch(paths.servers_dir, gpus, engine, sc, Path(inputs.manifest["path"]),
+                                      inputs.engine_facts)
+    writer = CellWriter(paths.attempt_dir)
+    server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,
+                           records_dir=paths.servers_dir, name=job.name, gpus=gpus, config=asdict(sc))
+    telemetry = Telemetry(gpus, samples_path=paths.attempt_dir / "telemetry.csv")
+    meta = launch_meta(job, inputs, engine, spec, port, reaped, held)
     # Kernels the engine compiles into its cache folders while this server starts: one-time work of the host.
     cache_dirs = engine.cache_dirs(spec.env)
     cache_before = cache_snapshot(cache_dirs)
@@ -511,11 +439,11 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
                 engine.parse_log(server.log_path.read_text(errors="replace")))
             meta["first_cell_at"] = now()
             stage = "measurement"
-            meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, matrix, telemetry, writer,
-                                                       slos_from_config(config), block))
+            meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, job.matrix, telemetry, writer,
+                                                       job.slos, job.block))
             if correctness_outputs is not None:
                 stage = "correctness"
-                meta["correctness"] = run_correctness(server, engine, sc, config.get("correctness"),
+                meta["correctness"] = run_correctness(server, engine, sc, job.correctness,
                                                       correctness_outputs)
         meta["status"] = "ok"
     except BaseException as exc:  # also KeyboardInterrupt from SIGTERM: record, tear down, re-raise
@@ -523,7 +451,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
         meta["status"] = "failed"
         meta["error"] = f"{type(exc).__name__}: {exc}"
         meta["failure"] = LaunchFailure.of(exc, stage, paths.attempt_dir, len(writer.cells)).as_dict()
-        log.exception("[%s] the bench job failed", cfg_name)
+        log.exception("[%s] the bench job failed", job.name)
     finally:
         meta["gpu_memory_after_stop"] = telemetry.wait_memory_released(memory_baseline)
         if meta["gpu_memory_after_stop"]["released"] is False:
@@ -535,7 +463,7 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
         meta["cells_measured"] = len(writer.cells)
         (paths.attempt_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     if error is not None:
-        message = failure_message(cfg_name, stage, error, paths, len(writer.cells))
+        message = failure_message(job.name, stage, error, paths, len(writer.cells))
         log.error("%s", message)
         if isinstance(error, Exception):
             raise BenchJobFailed(message, LaunchFailure(**meta["failure"])) from error
@@ -561,68 +489,29 @@ def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
     paths.meta_json.write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
-def run_launch(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, paths: JobPaths,
-               correctness_outputs: CorrectnessOutputs, last_attempt: bool, host_warmup: dict | None = None,
-               block: Block = Block(), draft_manifest: dict | None = None) -> dict:
-    """One bench job: the launch of config ``cfg_name`` in block ``block`` (:func:`run_config`), with the
-    correctness checks in block 0 only (the other blocks' correctness outputs say so). Returns its meta.
+def run_launch(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_outputs: CorrectnessOutputs,
+               last_attempt: bool) -> dict:
+    """One bench job: the launch of ``job``'s config in its block (:func:`run_config`), with the correctness checks
+    in block 0 only (the other blocks' correctness outputs say so). Returns its meta.
 
     A failure is raised while Snakemake will still retry the job (``last_attempt`` false: a cluster resubmits it).
     On the last attempt it is recorded as the launch's outputs instead (:func:`publish_failure`) and the job
     succeeds, so that the tables and the report are built from the launches that finished and name this one.
     Interrupts (SIGTERM, SIGINT) are always re-raised: an interrupted job is redone, not recorded.
     """
-    checks = correctness_outputs if block.index == 0 else None
+    checks = correctness_outputs if job.block.index == 0 else None
     try:
-        meta = run_config(cfg_name, config, manifest, engine_facts, paths, correctness_outputs=checks,
-                          host_warmup=host_warmup, block=block, draft_manifest=draft_manifest)
+        meta = run_config(job, inputs, paths, correctness_outputs=checks)
     except Exception as exc:
         if not last_attempt:
             raise
         failure = exc.failure if isinstance(exc, BenchJobFailed) else LaunchFailure.of(exc, "setup", None)
-        meta = publish_failure(cfg_name, config, paths, failure, block)
+        meta = publish_failure(job, paths, failure)
         if checks is not None:
-            checks.skipped(cfg_name, f"not run: the config's launch in block 0 failed {STAGES[failure.stage]}")
+            checks.skipped(job.name, f"not run: the config's launch in block 0 failed {STAGES[failure.stage]}")
         log.error("[%s] block %d failed %s on the job's last attempt: recorded as its outputs (status: failed), so "
-                  "the report is built from the launches that finished; to measure it again: %s", cfg_name,
-                  block.index, STAGES[failure.stage], remeasure_command([paths.meta_json]))
+                  "the report is built from the launches that finished; to measure it again: %s", job.name,
+                  job.block.index, STAGES[failure.stage], remeasure_command([paths.meta_json]))
     if checks is None:
-        correctness_outputs.skipped(cfg_name, "run once per config, in block 0")
-    return meta
-
-
-def remeasure_command(meta_paths: list[Path]) -> str:
-    """The command that measures these launches again (their ``meta.json`` outputs), then rebuilds the report.
-    ``--forcerun`` takes every word after it, so it comes after the target."""
-    return "snakemake --cores 1 report --forcerun " + " ".join(str(p) for p in meta_paths)
-
-
-def publish_failure(cfg_name: str, config: dict, paths: JobPaths, failure: LaunchFailure,
-                    block: Block = Block()) -> dict:
-    """The declared outputs of a launch that failed on its job's last attempt: ``meta.json`` with ``status:
-    failed`` and its ``failure``; cells and repeats empty (a failed launch enters no table); the requests, server
-    log and telemetry its attempt kept, as far as it got. The attempt folder (``failure.attempt_dir``) keeps the
-    cells it did measure. Returns the meta."""
-    attempt = Path(failure.attempt_dir) if failure.attempt_dir else None
-    kept = attempt / "meta.json" if attempt is not None else None
-    if kept is not None and kept.exists():
-        meta = json.loads(kept.read_text())
-    else:  # failed before it launched anything: what the config says
-        entry = config["server_configs"][cfg_name]
-        meta = {"config": cfg_name, "engine": entry.get("engine"), "model": entry.get("model"),
-                "labels": entry.get("labels") or {}, "options": entry.get("options") or {}, "argv": [], "env": {},
-                "host": socket.gethostname(), "warnings": [], "matrix": config.get("matrix") or {},
-                "slo": config.get("slo") or {}, "cells_measured": 0, **block.columns()}
-    meta.update(status="failed", error=failure.reason, failure=failure.as_dict())
-    paths.cells_csv.parent.mkdir(parents=True, exist_ok=True)
-    for out in (paths.cells_csv, paths.repeats_csv):
-        out.write_text("")
-    for name, out in (("requests.jsonl", paths.requests_jsonl), ("server.log", paths.server_log),
-                      ("telemetry.csv", paths.telemetry_csv)):
-        src = attempt / name if attempt is not None else None
-        if src is not None and src.exists():
-            shutil.copyfile(src, out)
-        else:
-            out.write_text("")
-    paths.meta_json.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        correctness_outputs.skipped(job.name, "run once per config, in block 0")
     return meta

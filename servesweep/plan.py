@@ -1,16 +1,20 @@
-"""The typed sweep: one server config and the measurement matrix as the bench job sees them, and the schema's
-defaults they are filled from. It sits below the engine registry (which takes these types), and knows no engine;
-validation, which asks the engines, is :mod:`servesweep.config`'s.
+"""The typed sweep: one server config and the measurement matrix as the bench job sees them, the bench job itself
+(:class:`BenchJob`: what one launch runs, built once from its rule's params) and the schema's defaults they are
+filled from. It sits below the engine registry (which takes these types), and knows no engine; validation, which asks
+the engines, is :mod:`servesweep.config`'s.
 """
 from __future__ import annotations
 
 import copy
 import functools
 import importlib.resources
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from servesweep.slo import SLO, slos_from_config
 
 # The schema ships inside the package (an installed wheel has no repository to read it from).
 SCHEMA_RESOURCE = importlib.resources.files("servesweep.data") / "schema.yaml"
@@ -40,40 +44,49 @@ def fill_defaults(node, schema: dict) -> None:
                 fill_defaults(value, extra)
 
 
+def filled(section, *path: str):
+    """A copy of one section of a config, at ``path`` in the schema (``"*"``: a value of a map such as
+    ``server_configs``), with the schema's defaults filled; an absent section (None) is the section's own default."""
+    schema = raw_schema()
+    for key in path:
+        schema = schema["additionalProperties"] if key == "*" else schema["properties"][key]
+    node = copy.deepcopy(schema.get("default", {}) if section is None else section)
+    fill_defaults(node, schema)
+    return node
+
+
 @dataclass(frozen=True)
 class Matrix:
     """The measurement matrix: workloads × prompt lengths × (concurrencies + request rates), each cell a warmed-up
-    measured window, repeated (docs/measurement.md). Defaults are the schema's, filled by ``from_config``."""
+    measured window, repeated (docs/measurement.md). Its defaults are the schema's, filled by ``from_config``."""
 
     context_lengths: list[int]
     concurrencies: list[int]
     output_tokens: int
-    workloads: list[str] = field(default_factory=lambda: ["synthetic"])
-    real_text: dict = field(default_factory=dict)
-    warmup_s: float = 1.0
-    warmup_per_concurrency: float = 1
-    measure_s: float = 5.0
-    measure_per_concurrency: float = 2
-    min_requests: int = 4
-    max_window_s: float = 300
-    repeats: int = 1
-    temperature: float = 0.0
-    flush_cache_between_cells: bool = False
-    request_rates: list[float] = field(default_factory=list)
-    arrival: str = "poisson"
-    burstiness: float = 1.0
-    max_concurrency: int = 512
-    arrival_seed: int = 0
-    output_jitter: float = 0.0
+    workloads: list[str]
+    real_text: dict
+    warmup_s: float
+    warmup_per_concurrency: float
+    measure_s: float
+    measure_per_concurrency: float
+    min_requests: int
+    max_window_s: float
+    repeats: int
+    temperature: float
+    flush_cache_between_cells: bool
+    request_rates: list[float]
+    arrival: str
+    burstiness: float
+    max_concurrency: int
+    arrival_seed: int
+    output_jitter: float
 
     @classmethod
     def from_config(cls, matrix: dict, workloads: list[str] | None = None,
                     request_rates: list[float] | None = None) -> "Matrix":
         """The typed matrix of a validated config; ``workloads`` and ``request_rates`` (a server config's own
         lists) override its lists."""
-        matrix = copy.deepcopy({"matrix": matrix})
-        fill_defaults(matrix, raw_schema())
-        matrix = matrix["matrix"]
+        matrix = filled(matrix, "matrix")
         warm, measure = matrix["warmup"], matrix["measure"]
         return cls(
             context_lengths=list(matrix["context_lengths"]),
@@ -131,7 +144,8 @@ class Matrix:
 
 @dataclass
 class ServerConfig:
-    """One server configuration with its model entry, as the bench job sees it."""
+    """One server configuration with its model entry, as the bench job sees it. ``from_entry`` fills the schema's
+    defaults; the field defaults, for configs built in code, are the schema's too (``tests/test_plan.py``)."""
 
     name: str
     engine: str
@@ -153,26 +167,185 @@ class ServerConfig:
 
     @classmethod
     def from_config(cls, name: str, config: dict) -> "ServerConfig":
+        """Config ``name`` of a whole config (its model, draft model and engine settings looked up in it)."""
         sc = config["server_configs"][name]
+        draft = sc.get("draft_model")
+        return cls.from_entry(name, sc, config["models"][sc["model"]],
+                              config.get("engines", {}).get(sc["engine"], {}),
+                              config["models"].get(draft) if draft else None)
+
+    @classmethod
+    def from_entry(cls, name: str, entry: dict, model: dict, engine_settings: dict,
+                   draft_model: dict | None = None) -> "ServerConfig":
+        """One ``server_configs`` entry with its model's entry, its engine's settings and, where it names one, its
+        draft model's entry."""
+        sc = filled(entry, "server_configs", "*")
         return cls(
             name=name,
             engine=sc["engine"],
             model_name=sc["model"],
-            model=config["models"][sc["model"]],
-            options=dict(sc.get("options", {})),
-            env={k: str(v) for k, v in sc.get("env", {}).items()},
-            extra_args=[str(a) for a in sc.get("extra_args", [])],
-            labels=dict(sc.get("labels", {})),
-            ready_timeout_s=float(sc.get("ready_timeout_s", 900)),
-            stop_grace_s=float(sc.get("stop_grace_s", 20)),
-            request_timeout_s=float(sc.get("request_timeout_s", 600)),
-            engine_settings=dict(config.get("engines", {}).get(sc["engine"], {})),
+            model=model,
+            options=dict(sc["options"]),
+            env={k: str(v) for k, v in sc["env"].items()},
+            extra_args=[str(a) for a in sc["extra_args"]],
+            labels=dict(sc["labels"]),
+            ready_timeout_s=float(sc["ready_timeout_s"]),
+            stop_grace_s=float(sc["stop_grace_s"]),
+            request_timeout_s=float(sc["request_timeout_s"]),
+            engine_settings=dict(engine_settings),
             workloads=list(sc["workloads"]) if sc.get("workloads") else None,
             request_rates=[float(r) for r in sc["request_rates"]] if "request_rates" in sc else None,
             draft_model_name=sc.get("draft_model"),
-            draft_model=config["models"].get(sc["draft_model"]) if sc.get("draft_model") else None,
+            draft_model=draft_model if sc.get("draft_model") else None,
         )
 
     @property
     def served_name(self) -> str:
         return self.model.get("served_name", self.model_name)
+
+
+@dataclass(frozen=True)
+class CorrectnessSettings:
+    """The ``correctness:`` config section, its defaults the schema's (filled by ``from_config``)."""
+
+    enabled: bool
+    problems: int | tuple[str, ...]
+    max_tokens: int
+    timeout_s: float
+    sandbox: str
+    lossless_prompts: int
+    lossless_output_tokens: int
+
+    @classmethod
+    def from_config(cls, section: dict | None) -> "CorrectnessSettings":
+        section = filled(section, "correctness")
+        coding, check = section["coding_eval"], section["lossless"]
+        problems = coding["problems"]
+        return cls(enabled=bool(section["enabled"]),
+                   problems=problems if isinstance(problems, int) else tuple(problems),
+                   max_tokens=int(coding["max_tokens"]), timeout_s=float(coding["timeout_s"]),
+                   sandbox=str(coding["sandbox"]), lossless_prompts=int(check["prompts"]),
+                   lossless_output_tokens=int(check["output_tokens"]))
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """How a bench job leases this host (the ``host:`` section, docs/faults.md): the lock folder (None: the host-wide
+    default), waiting or refusing when another job holds it, and whether CPU-engine jobs may run side by side."""
+
+    parallel_cpu_benches: bool
+    lock_dir: str | None
+    when_busy: str
+
+    @classmethod
+    def from_config(cls, section: dict | None) -> "HostSettings":
+        section = filled(section, "host")
+        return cls(parallel_cpu_benches=bool(section["parallel_cpu_benches"]), lock_dir=section.get("lock_dir"),
+                   when_busy=str(section["when_busy"]))
+
+
+@dataclass(frozen=True)
+class Block:
+    """Which launch of a config this job is: block ``index`` of the sweep, launched ``position``-th in the block's
+    planned order, in the pipeline run ``run`` (the launches of one block are paired in time only within one run)."""
+
+    index: int = 0
+    position: int = 0
+    run: str = ""
+
+    def columns(self) -> dict:
+        return {"block": self.index, "block_position": self.position, "block_run": self.run}
+
+
+def bench_params(config: dict, cfg: str) -> dict:
+    """The bench job's params for config ``cfg`` of a checked config: everything that defines its measurement, so
+    editing it reruns that config only (``rules/common.smk``, ``get_bench_params``)."""
+    entry = config["server_configs"][cfg]
+    run = {
+        "server_config": entry,
+        "model": config["models"][entry["model"]],
+        "engine_settings": config.get("engines", {}).get(entry["engine"], {}),
+        "matrix": config["matrix"],
+        "correctness": config.get("correctness", {}),
+        "slo": config.get("slo", {}),  # goodput per target is counted per request by the bench job
+        # how this host's resources are leased (docs/faults.md): the lock folder and waiting or refusing when busy
+        "host": {k: config["host"].get(k) for k in ("parallel_cpu_benches", "lock_dir", "when_busy")},
+    }
+    # Only a config with a draft model gets the key: the params of every other config stay as they were.
+    if entry.get("draft_model"):
+        run["draft_model"] = config["models"][entry["draft_model"]]
+    return run
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """One launch of one server config, as the bench job runs it: built once from the rule's params
+    (:func:`bench_params`) and passed down, so that nothing below the adapter reads the config dict."""
+
+    server: ServerConfig
+    matrix: Matrix  # this config's matrix: its own workloads and request rates where it has them
+    correctness: CorrectnessSettings
+    slos: tuple[SLO, ...]
+    host: HostSettings
+    block: Block
+    # The sweep's `matrix:` section as written (schema defaults filled), which meta.json records and the report
+    # quotes: its numbers as the config spelt them (2 s, not 2.0 s) and the sweep's lists where this config has its
+    # own. Nothing in the job reads it.
+    matrix_section: dict
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+    @classmethod
+    def from_params(cls, name: str, params: dict, block: Block = Block()) -> "BenchJob":
+        """The job of config ``name`` from its rule's params (:func:`bench_params`), launched as ``block``."""
+        server = ServerConfig.from_entry(name, params["server_config"], params["model"], params["engine_settings"],
+                                         params.get("draft_model"))
+        return cls(server=server, matrix=Matrix.from_config(params["matrix"], server.workloads, server.request_rates),
+                   correctness=CorrectnessSettings.from_config(params["correctness"]),
+                   slos=tuple(slos_from_config({"slo": params["slo"]})),
+                   host=HostSettings.from_config(params["host"]), block=block,
+                   matrix_section=filled(params["matrix"], "matrix"))
+
+    @classmethod
+    def from_config(cls, name: str, config: dict, block: Block = Block()) -> "BenchJob":
+        """The job of config ``name`` of a checked config, as its rule would build it."""
+        return cls.from_params(name, bench_params(config, name), block)
+
+    def slo_section(self) -> dict:
+        """The ``slo:`` section this job counts goodput against, as meta.json records it."""
+        return {s.name: s.as_config() for s in self.slos}
+
+
+def run_folder(results: Path, cfg: str, block: int | None = None) -> Path:
+    """Where a config's job writes its declared outputs: its run folder, or with ``block`` its launch folder."""
+    return Path(results) / "runs" / cfg if block is None else Path(results) / "blocks" / cfg / f"b{block}"
+
+
+@dataclass
+class JobPaths:
+    """Where one bench job writes: its declared outputs, its attempt folder and the launch records of servers."""
+
+    cells_csv: Path
+    repeats_csv: Path
+    requests_jsonl: Path
+    meta_json: Path
+    server_log: Path
+    telemetry_csv: Path
+    attempt_dir: Path
+    servers_dir: Path = Path("results/.servers")  # launch records of running servers (lifecycle.preflight)
+
+    @classmethod
+    def for_config(cls, results: Path, cfg: str, stamp: str | None = None, block: int | None = None) -> "JobPaths":
+        """The paths of one config's job: its run folder, or with ``block`` its launch folder of that block."""
+        run = run_folder(results, cfg, block)
+        stamp = stamp or time.strftime("%Y%m%dT%H%M%S")
+        name = stamp if block is None else f"b{block}-{stamp}"
+        attempt = Path(results) / "attempts" / cfg / name
+        n = 2
+        while attempt.exists():  # a retry within the same second (a server that fails at once): a folder of its own
+            attempt = attempt.with_name(f"{name}-{n}")
+            n += 1
+        return cls(run / "cells.csv", run / "repeats.csv", run / "requests.jsonl", run / "meta.json",
+                   run / "server.log", run / "telemetry.csv", attempt, Path(results) / ".servers")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from servesweep import compare, decide
-from servesweep.bench import STAGES, remeasure_command, run_folder
+from servesweep.launch_failure import STAGES, remeasure_command
+from servesweep.plan import run_folder
 from servesweep.engines.base import cell_label
 
 LOW, HIGH = "interactive", "batch"

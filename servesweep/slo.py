@@ -27,6 +27,11 @@ class SLO:
         """(metric, limit in seconds) for each metric this target limits: ``ttft``, ``tpot``, ``e2e``."""
         return [(metric, getattr(self, key) / 1000.0) for key, metric in METRICS if getattr(self, key) is not None]
 
+    def as_config(self) -> dict:
+        """The target as its ``slo:`` entry (schema defaults filled): its limits, then its percentile."""
+        return {**{key: getattr(self, key) for key, _ in METRICS if getattr(self, key) is not None},
+                "percentile": self.percentile}
+
     def describe(self) -> str:
         parts = [f"{metric.upper()} p{self.percentile} ≤ {getattr(self, key):g} ms"
                  for key, metric in METRICS if getattr(self, key) is not None]

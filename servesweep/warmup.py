@@ -69,22 +69,24 @@ def warm_host(cfg_name: str, config: dict, manifest: dict, engine_facts: dict, o
     import socket
     import time
 
-    from servesweep.plan import ServerConfig
+    from dataclasses import asdict
+
+    from servesweep.plan import HostSettings, ServerConfig
     from servesweep.engines import get_engine
-    from servesweep.lifecycle import ServerProcess, claim_launch, lease_for_config, lease_settings, wait_until_ready
+    from servesweep.lifecycle import ServerProcess, claim_launch, lease_for_config, wait_until_ready
 
     sc = ServerConfig.from_config(cfg_name, config)
+    host = HostSettings.from_config(config.get("host"))
     engine = get_engine(sc.engine)
     world = engine.world_size(sc.options)
-    lease, gpus = lease_for_config(Path(servers_dir), sc.env, world,
-                                   exclusive_cpu=not config.get("host", {}).get("parallel_cpu_benches", False),
-                                   **lease_settings(config))
+    lease, gpus = lease_for_config(Path(servers_dir), sc.env, world, exclusive_cpu=not host.parallel_cpu_benches,
+                                   lock_dir=host.lock_dir, when_busy=host.when_busy)
     try:
         spec, _port, reaped = claim_launch(servers_dir, gpus, engine, sc, Path(manifest["path"]), engine_facts)
         dirs = engine.cache_dirs(spec.env)
         before = cache_snapshot(dirs)
         with ServerProcess(spec, Path(log_path), stop_grace_s=sc.stop_grace_s, records_dir=Path(servers_dir),
-                           name=f"warm-{cfg_name}", gpus=gpus, config=config["server_configs"][cfg_name]) as server:
+                           name=f"warm-{cfg_name}", gpus=gpus, config=asdict(sc)) as server:
             started = server.started_at
             ready = asyncio.run(wait_until_ready(server, engine, sc, sc.ready_timeout_s))
             ready_at = ready["ready_at"]

@@ -10,11 +10,12 @@ import psutil
 import pytest
 import yaml
 
-from servesweep.bench import JobPaths, run_config
-from servesweep.config import ServerConfig, check_config
+from servesweep.bench import JobInputs, JobPaths, run_config
+from servesweep.config import check_config
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox
 from servesweep.engines import get_engine
 from servesweep.models import materialise
+from servesweep.plan import BenchJob
 
 from conftest import ROOT
 
@@ -45,7 +46,7 @@ def test_server_death_mid_matrix_keeps_finished_cells(tmp_path):
     killer.start()
     try:
         with pytest.raises(Exception):
-            run_config("ar", config, manifest, facts, paths)
+            run_config(BenchJob.from_config("ar", config), JobInputs(manifest, facts), paths)
     finally:
         stop.set()
     meta = json.loads((paths.attempt_dir / "meta.json").read_text())
@@ -81,11 +82,13 @@ def test_a_sandbox_that_cannot_work_fails_the_job_before_its_server_starts(tmp_p
     outputs = CorrectnessOutputs(tmp_path / "coding_eval.json", tmp_path / "greedy.jsonl")
     with pytest.raises(sandbox.SandboxUnavailable, match="config 'ar' runs the coding eval.*not installed.* — fix: "
                        "apt-get install bubblewrap, or set correctness.coding_eval.sandbox: none"):
-        run_config("ar", config, {"path": str(tmp_path / "model")}, {}, paths, correctness_outputs=outputs)
+        run_config(BenchJob.from_config("ar", config), JobInputs({"path": str(tmp_path / "model")}, {}), paths,
+                   correctness_outputs=outputs)
     assert not paths.attempt_dir.exists() and not paths.servers_dir.exists()  # nothing launched, nothing leased
     # sandbox: none is the explicit way past it (the run then labels its pass@1 unsandboxed)
     config["correctness"]["coding_eval"]["sandbox"] = "none"
-    check_sandbox(ServerConfig.from_config("ar", config), config["correctness"])
+    job = BenchJob.from_config("ar", config)
+    check_sandbox(job.server, job.correctness)
 
 
 def test_a_correctness_failure_keeps_the_measured_matrix_and_names_its_folder(tmp_path, monkeypatch):
@@ -97,13 +100,13 @@ def test_a_correctness_failure_keeps_the_measured_matrix_and_names_its_folder(tm
     config = small_llamacpp_sweep(tmp_path)
     manifest = materialise("gemma-3-270m", config["models"]["gemma-3-270m"], tmp_path / "model")
     facts = get_engine("llamacpp").prepare(config["engines"]["llamacpp"], log=io.StringIO())
-    monkeypatch.setattr(bench, "check_sandbox", lambda sc, section: None)  # the pre-flight passed
+    monkeypatch.setattr(bench, "check_sandbox", lambda sc, settings: None)  # the pre-flight passed
     monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
     monkeypatch.delenv(sandbox.ALLOW_UNSANDBOXED_ENV, raising=False)
     paths = JobPaths.for_config(tmp_path / "results", "ar")
     outputs = CorrectnessOutputs(tmp_path / "coding_eval.json", tmp_path / "greedy.jsonl")
     with pytest.raises(bench.BenchJobFailed) as info:
-        run_config("ar", config, manifest, facts, paths, correctness_outputs=outputs)
+        run_config(BenchJob.from_config("ar", config), JobInputs(manifest, facts), paths, correctness_outputs=outputs)
     text = str(info.value)
     assert text.startswith("config 'ar' failed in its correctness checks, after its whole matrix was measured: "
                            "SandboxUnavailable: cannot sandbox model-written code")

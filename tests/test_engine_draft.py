@@ -142,7 +142,8 @@ def test_gate_covers_draft_model_configs():
 
 
 def test_bench_job_needs_the_draft_manifest():
-    from servesweep.bench import run_config
+    from servesweep.bench import JobInputs, run_config
+    from servesweep.plan import BenchJob
 
     config = check_config({
         "models": {"t": {"source": {"local": "/t.gguf"}, "format": "gguf"},
@@ -151,7 +152,8 @@ def test_bench_job_needs_the_draft_manifest():
         "matrix": {"context_lengths": [64], "concurrencies": [1], "output_tokens": 8}})
     for manifest in (None, {"model": "other", "path": "/x.gguf"}):
         with pytest.raises(ValueError, match="manifest of its draft model 'd' was not given"):
-            run_config("a", config, {"path": "/t.gguf"}, {}, paths=None, draft_manifest=manifest)
+            run_config(BenchJob.from_config("a", config), JobInputs({"path": "/t.gguf"}, {}, draft_manifest=manifest),
+                       paths=None)
 
 
 def test_cpu_qwen_draft_sweep_plans_with_the_draft_as_an_input():

@@ -13,11 +13,13 @@ import pytest
 import yaml
 
 from servesweep import bench
-from servesweep.bench import Block, BenchJobFailed, JobPaths, LaunchFailure, run_launch
+from servesweep.bench import JobInputs, run_launch
 from servesweep.blocks import LaunchFiles, collect
 from servesweep.config import apply_defaults
 from servesweep.correctness.job import CorrectnessOutputs
+from servesweep.launch_failure import BenchJobFailed, LaunchFailure, failure_message, publish_failure
 from servesweep.lifecycle import ServerStartError
+from servesweep.plan import BenchJob, Block, JobPaths
 from servesweep.rebuild import report_from_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +60,7 @@ def test_the_last_attempt_records_a_failure_as_the_launchs_outputs(tmp_path, mon
     config = _sweep()
     results = tmp_path / "results"
     paths, failure = _failing_attempt(results, "broken", 0, cells=2)
-    message = bench.failure_message("broken", "measurement", RuntimeError("x"), paths, 2)
+    message = failure_message("broken", "measurement", RuntimeError("x"), paths, 2)
 
     def run_config(*args, **kwargs):
         raise BenchJobFailed(message, failure)
@@ -67,10 +69,12 @@ def test_the_last_attempt_records_a_failure_as_the_launchs_outputs(tmp_path, mon
     out = JobPaths.for_config(results, "broken", block=0)
     outputs = CorrectnessOutputs(out.cells_csv.parent / "coding_eval.json", out.cells_csv.parent / "greedy.jsonl")
     with pytest.raises(BenchJobFailed):
-        run_launch("broken", config, {}, {}, out, outputs, last_attempt=False, block=Block(0, 0, "r1"))
+        run_launch(BenchJob.from_config("broken", config, Block(0, 0, "r1")), JobInputs({}, {}), out, outputs,
+                   last_attempt=False)
     assert not out.meta_json.exists() and not outputs.coding_eval_json.exists()
 
-    meta = run_launch("broken", config, {}, {}, out, outputs, last_attempt=True, block=Block(0, 0, "r1"))
+    meta = run_launch(BenchJob.from_config("broken", config, Block(0, 0, "r1")), JobInputs({}, {}), out, outputs,
+                   last_attempt=True)
     written = json.loads(out.meta_json.read_text())
     assert written == json.loads(json.dumps(meta, default=str))
     assert written["status"] == "failed" and written["failure"]["stage"] == "measurement"
@@ -92,7 +96,8 @@ def test_the_last_attempt_records_a_failure_as_the_launchs_outputs(tmp_path, mon
     monkeypatch.setattr(bench, "run_config", refused)
     other = JobPaths.for_config(results, "broken", block=1)
     outputs = CorrectnessOutputs(other.cells_csv.parent / "coding_eval.json", other.cells_csv.parent / "greedy.jsonl")
-    run_launch("broken", config, {}, {}, other, outputs, last_attempt=True, block=Block(1, 0, "r1"))
+    run_launch(BenchJob.from_config("broken", config, Block(1, 0, "r1")), JobInputs({}, {}), other, outputs,
+                   last_attempt=True)
     written = json.loads(other.meta_json.read_text())
     assert written["status"] == "failed" and written["block"] == 1 and written["engine"] == "llamacpp"
     assert written["failure"]["stage"] == "setup" and written["failure"]["attempt_dir"] is None
@@ -106,14 +111,15 @@ def test_the_last_attempt_records_a_failure_as_the_launchs_outputs(tmp_path, mon
     monkeypatch.setattr(bench, "run_config", interrupted)
     third = JobPaths.for_config(results, "broken", block=2)
     with pytest.raises(KeyboardInterrupt):
-        run_launch("broken", config, {}, {}, third, outputs, last_attempt=True, block=Block(2, 0, "r1"))
+        run_launch(BenchJob.from_config("broken", config, Block(2, 0, "r1")), JobInputs({}, {}), third, outputs,
+                   last_attempt=True)
     assert not third.meta_json.exists()
 
 
 def _publish(results: Path, cfg: str, block: int, config: dict) -> LaunchFiles:
     paths, failure = _failing_attempt(results, cfg, block)
     out = JobPaths.for_config(results, cfg, block=block)
-    bench.publish_failure(cfg, config, out, failure, Block(block, 0, "r1"))
+    publish_failure(BenchJob.from_config(cfg, config, Block(block, 0, "r1")), out, failure)
     CorrectnessOutputs(out.cells_csv.parent / "coding_eval.json", out.cells_csv.parent / "greedy.jsonl").skipped(
         cfg, "not run")
     return LaunchFiles.in_dir(out.cells_csv.parent)

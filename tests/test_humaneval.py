@@ -1,6 +1,7 @@
 """HumanEval problems from the bundled data, scored in the sandbox with a fake completion source."""
 import asyncio
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -93,11 +94,12 @@ def test_settings_defaults_match_the_schema():
 
 def test_dummy_weights_and_disabled_checks_are_skipped_with_a_reason(tmp_path):
     sc = SimpleNamespace(name="dummy-cfg", model_name="big", model={"load_format": "dummy"})
-    assert "load_format: dummy" in skip_reason(sc, CorrectnessSettings())
-    assert skip_reason(SimpleNamespace(model={}), CorrectnessSettings(enabled=False)) == "correctness.enabled is false"
+    defaults = CorrectnessSettings.from_config({})
+    assert "load_format: dummy" in skip_reason(sc, defaults)
+    assert skip_reason(SimpleNamespace(model={}), replace(defaults, enabled=False)) == "correctness.enabled is false"
     outputs = CorrectnessOutputs(tmp_path / "coding_eval.json", tmp_path / "greedy.jsonl")
     # no server is touched: server and engine are never used on the skip path
-    summary = run_correctness(None, None, sc, {}, outputs)
+    summary = run_correctness(None, None, sc, defaults, outputs)
     assert "dummy" in summary["skipped"]
     assert "dummy" in json.loads(outputs.coding_eval_json.read_text())["skipped"]
     assert outputs.greedy_jsonl.read_text() == ""

@@ -242,15 +242,13 @@ def test_host_lease_is_host_wide_across_checkouts(tmp_path, monkeypatch):
 
 
 def test_host_lock_dir_from_the_config_then_the_environment(tmp_path, monkeypatch):
-    from servesweep.lifecycle import DEFAULT_LOCK_DIR, host_lock_dir, lease_settings
+    from servesweep.lifecycle import DEFAULT_LOCK_DIR, host_lock_dir
 
     monkeypatch.delenv("SERVESWEEP_LOCK_DIR", raising=False)
     assert host_lock_dir() == DEFAULT_LOCK_DIR and DEFAULT_LOCK_DIR.stat().st_mode & 0o1777 == 0o1777
     monkeypatch.setenv("SERVESWEEP_LOCK_DIR", str(tmp_path / "env"))
     assert host_lock_dir() == tmp_path / "env"
     assert host_lock_dir(str(tmp_path / "cfg")) == tmp_path / "cfg"
-    assert lease_settings({"host": {"lock_dir": "/x", "when_busy": "refuse"}}) == {"lock_dir": "/x",
-                                                                                  "when_busy": "refuse"}
 
 
 def test_gpu_allocation_packs_jobs_onto_disjoint_gpus(tmp_path):

@@ -13,39 +13,12 @@ from pathlib import Path
 
 import aiohttp
 
-from servesweep.plan import ServerConfig
+from servesweep.plan import CorrectnessSettings, ServerConfig
 from servesweep.correctness import humaneval, lossless
 from servesweep.correctness.client import complete
 from servesweep.correctness.sandbox import NO_SANDBOX_FIX, Limits, SandboxUnavailable, self_test
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CorrectnessSettings:
-    """The ``correctness:`` config section with its defaults."""
-
-    enabled: bool = True
-    problems: int | tuple[str, ...] = 5
-    max_tokens: int = 384
-    timeout_s: float = 10.0
-    sandbox: str = "bwrap"
-    lossless_prompts: int = 8
-    lossless_output_tokens: int = 64
-
-    @classmethod
-    def from_config(cls, section: dict | None) -> "CorrectnessSettings":
-        section = section or {}
-        coding = section.get("coding_eval", {})
-        check = section.get("lossless", {})
-        problems = coding.get("problems", cls.problems)
-        return cls(enabled=bool(section.get("enabled", cls.enabled)),
-                   problems=problems if isinstance(problems, int) else tuple(problems),
-                   max_tokens=int(coding.get("max_tokens", cls.max_tokens)),
-                   timeout_s=float(coding.get("timeout_s", cls.timeout_s)),
-                   sandbox=str(coding.get("sandbox", cls.sandbox)),
-                   lossless_prompts=int(check.get("prompts", cls.lossless_prompts)),
-                   lossless_output_tokens=int(check.get("output_tokens", cls.lossless_output_tokens)))
 
 
 @dataclass(frozen=True)
@@ -83,11 +56,10 @@ def limits_for(settings: CorrectnessSettings) -> Limits:
     return Limits(timeout_s=settings.timeout_s, cpu_s=max(1, int(settings.timeout_s)), sandbox=settings.sandbox)
 
 
-def check_sandbox(sc, correctness_cfg: dict | None) -> None:
+def check_sandbox(sc, settings: CorrectnessSettings) -> None:
     """Before the server starts: raise :class:`SandboxUnavailable` with the fix when this config runs the coding eval
     in bwrap and bwrap cannot confine a program here (the host check says so first; this catches a bench job on
     another host, or a bwrap removed since)."""
-    settings = CorrectnessSettings.from_config(correctness_cfg)
     if skip_reason(sc, settings) is not None or settings.sandbox == "none":
         return
     probe = self_test()
@@ -123,9 +95,8 @@ async def _generate(server, engine, sc, settings: CorrectnessSettings, problems:
     return completions, greedy
 
 
-def run_correctness(server, engine, sc, correctness_cfg: dict | None, outputs: CorrectnessOutputs) -> dict:
+def run_correctness(server, engine, sc, settings: CorrectnessSettings, outputs: CorrectnessOutputs) -> dict:
     """Coding eval and greedy completions against a ready server; writes both outputs, returns a summary for meta."""
-    settings = CorrectnessSettings.from_config(correctness_cfg)
     outputs.coding_eval_json.parent.mkdir(parents=True, exist_ok=True)
     reason = skip_reason(sc, settings)
     if reason:

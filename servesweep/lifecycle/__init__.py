@@ -22,12 +22,12 @@ One concern a module: ``process`` (the server's process group, its guards and it
 launch), ``lease`` (host leases and which GPUs a config gets) and ``ready`` (readiness).
 """
 from servesweep.lifecycle.lease import (DEFAULT_LOCK_DIR, HostBusy, HostLease, config_gpus, host_gpu_count,
-                                        host_lock_dir, lease_for_config, lease_settings)
+                                        host_lock_dir, lease_for_config)
 from servesweep.lifecycle.process import ServerConflict, ServerProcess, ServerStartError, start_ticks, tail_lines
 from servesweep.lifecycle.ready import wait_until_ready
 from servesweep.lifecycle.reap import claim_launch, group_members, preflight, read_launch_records, refuse_busy_gpus
 
 __all__ = ["DEFAULT_LOCK_DIR", "HostBusy", "HostLease", "ServerConflict", "ServerProcess", "ServerStartError",
            "claim_launch", "config_gpus", "group_members", "host_gpu_count", "host_lock_dir", "lease_for_config",
-           "lease_settings", "preflight", "read_launch_records", "refuse_busy_gpus", "start_ticks", "tail_lines",
+           "preflight", "read_launch_records", "refuse_busy_gpus", "start_ticks", "tail_lines",
            "wait_until_ready"]

@@ -32,12 +32,6 @@ def host_lock_dir(setting: str | Path | None = None) -> Path:
     return path
 
 
-def lease_settings(config: dict) -> dict:
-    """``lease_for_config``'s keyword arguments from a checked config's ``host`` section."""
-    host = config.get("host") or {}
-    return {"lock_dir": host.get("lock_dir"), "when_busy": host.get("when_busy", "wait")}
-
-
 class HostBusy(ServerConflict):
     """Another servesweep run holds a lease this job needs, and the config says to refuse (``host.when_busy``)."""
 

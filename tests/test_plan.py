@@ -1,0 +1,66 @@
+"""The typed bench job: built once from the rule's params, with no defaults of its own (the schema's), recording the
+same meta.json as the config dict it replaced."""
+import dataclasses
+import json
+from types import SimpleNamespace
+
+from servesweep.bench import HeldHost, JobInputs, launch_meta
+from servesweep.config import check_config
+from servesweep.launch_failure import unlaunched_meta
+from servesweep.plan import (BenchJob, Block, CorrectnessSettings, HostSettings, Matrix, ServerConfig, bench_params,
+                             raw_schema)
+
+# The keys of a launch's meta.json as it starts, in order, as the bench job wrote them before it took a typed job.
+LAUNCH_META_KEYS = ["config", "engine", "engine_version", "engine_facts", "argv", "env", "port", "model", "model_path",
+                    "model_architecture", "model_sha256", "model_manifest_files", "load_format", "labels", "options",
+                    "host", "platform", "cpu_count", "cpu_model", "warnings", "matrix", "request_rates", "slo",
+                    "status", "block", "block_position", "block_run", "host_lease"]
+UNLAUNCHED_META_KEYS = ["config", "engine", "model", "labels", "options", "argv", "env", "host", "warnings", "matrix",
+                        "slo", "cells_measured", "block", "block_position", "block_run"]
+
+
+def test_the_typed_sweep_has_no_defaults_but_the_schemas():
+    for cls in (Matrix, CorrectnessSettings, HostSettings, BenchJob):
+        with_default = [f.name for f in dataclasses.fields(cls)
+                        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+        assert with_default == [], f"{cls.__name__}: {with_default} have defaults outside the schema"
+    # ServerConfig keeps field defaults for configs built in code (tests, benchmarks): they are the schema's
+    entry = raw_schema()["properties"]["server_configs"]["additionalProperties"]["properties"]
+    fields = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+              for f in dataclasses.fields(ServerConfig)}
+    schema_defaults = {key: spec["default"] for key, spec in entry.items() if "default" in spec}
+    assert schema_defaults and {key: fields[key] for key in schema_defaults} == schema_defaults
+
+
+def test_the_job_is_built_from_the_rules_params(default_config):
+    config = check_config(default_config)
+    params = bench_params(config, "ngram")
+    job = BenchJob.from_params("ngram", json.loads(json.dumps(params)), Block(1, 2, "r1"))
+    assert job.name == "ngram" and job.server == ServerConfig.from_config("ngram", config)
+    assert job.matrix == Matrix.from_config(config["matrix"], job.server.workloads, job.server.request_rates)
+    assert job.correctness == CorrectnessSettings.from_config(config["correctness"])
+    assert job.host == HostSettings(parallel_cpu_benches=config["host"]["parallel_cpu_benches"],
+                                    lock_dir=config["host"].get("lock_dir"), when_busy=config["host"]["when_busy"])
+    # what meta.json records: the sweep's sections as the config wrote them, schema defaults filled
+    assert job.matrix_section == config["matrix"] and job.slo_section() == config["slo"]
+    assert job.block.columns() == {"block": 1, "block_position": 2, "block_run": "r1"}
+    assert BenchJob.from_config("ngram", config, Block(1, 2, "r1")) == job
+
+
+def test_host_settings_fill_the_schemas_defaults():
+    assert HostSettings.from_config(None) == HostSettings(parallel_cpu_benches=False, lock_dir=None, when_busy="wait")
+    assert HostSettings.from_config({"lock_dir": "/x", "when_busy": "refuse"}) == HostSettings(False, "/x", "refuse")
+
+
+def test_the_recorded_meta_keeps_its_keys(default_config):
+    config = check_config(default_config)
+    job = BenchJob.from_config("ar", config, Block(0, 1, "r1"))
+    engine = SimpleNamespace(config_warnings=lambda sc: ["a warning"])
+    spec = SimpleNamespace(argv=["llama-server"], env={"X": "1"})
+    lease = SimpleNamespace(paths=[], waited_s=0.0)
+    inputs = JobInputs({"path": "/m.gguf", "files": [{"sha256": "ab"}]}, {"version": "b1"})
+    meta = launch_meta(job, inputs, engine, spec, 8080, ["reaped one"], HeldHost(lease, []))
+    assert list(meta) == LAUNCH_META_KEYS
+    assert meta["warnings"] == ["a warning", "reaped one"] and meta["model_sha256"] == "ab"
+    assert meta["matrix"] == config["matrix"] and meta["slo"] == config["slo"]
+    assert list(unlaunched_meta(job)) == UNLAUNCHED_META_KEYS
