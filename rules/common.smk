@@ -6,6 +6,7 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
+from servesweep.chart_registry import CHARTS, FORMATS
 from servesweep.config import SCHEMA_RESOURCE, ConfigError, check_config
 from servesweep.decide import block_order
 from servesweep.correctness.job import coding_eval_configs
@@ -236,6 +237,18 @@ def report_chart_dir(folder, name):
         category="Charts",
         labels={"chart": name.replace("_", " "), "format": "{fmt}"},
     )
+
+
+def get_chart_outputs():
+    """The plot rule's outputs: every file of every chart of servesweep.chart_registry.CHARTS, in the report's Charts
+    category; a chart drawn only where it applies is its folder."""
+    outputs = {}
+    for chart in CHARTS:
+        if chart.folder:
+            outputs[chart.name] = report_chart_dir(chart.folder, chart.name)
+        else:
+            outputs.update({f"{chart.name}_{fmt}": report_chart(chart.name, fmt) for fmt in FORMATS})
+    return outputs
 
 
 def report_table(name, fmt="csv"):

@@ -1,19 +1,11 @@
-# A new chart: one report_chart(name, fmt) output per file, and its caption in report/captions/<name>.rst.
+# The charts and their files: servesweep/chart_registry.py (a new chart: its entry there, its function in
+# servesweep/charts.py, its caption in report/captions/<name>.rst).
 rule plot_charts:
     input:
         cells="results/tables/cells.csv",
         speedup="results/tables/speedup.csv",
     output:
-        throughput_png=report_chart("throughput_vs_concurrency", "png"),
-        throughput_svg=report_chart("throughput_vs_concurrency", "svg"),
-        speedup_png=report_chart("speedup_heatmap", "png"),
-        speedup_svg=report_chart("speedup_heatmap", "svg"),
-        frontier_png=report_chart("frontier", "png"),
-        frontier_svg=report_chart("frontier", "svg"),
-        latency_png=report_chart("latency_vs_throughput", "png"),
-        latency_svg=report_chart("latency_vs_throughput", "svg"),
-        # Drawn only where GPU energy was measured: otherwise the folder stays empty.
-        energy=report_chart_dir("energy", "energy_per_token"),
+        **get_chart_outputs(),
     log:
         "logs/report/charts.log",
     conda:

@@ -11,4 +11,4 @@ from servesweep.charts import write_charts
 
 # The charts are drawn against concurrency: request-rate cells have their own report section.
 write_charts(closed_loop(pd.read_csv(snakemake.input.cells)), closed_loop(pd.read_csv(snakemake.input.speedup)),
-             snakemake.params.baseline, Path(snakemake.output.throughput_png).parent)
+             snakemake.params.baseline, Path(snakemake.output[0]).parent)  # the report folder

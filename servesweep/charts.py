@@ -1,4 +1,5 @@
-"""Altair charts of the sweep, saved as PNG and SVG through vl-convert."""
+"""Altair charts of the sweep, saved as PNG and SVG through vl-convert; which charts, their files and where the
+report shows them: :data:`servesweep.chart_registry.CHARTS`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,13 +10,8 @@ import altair as alt
 import pandas as pd
 
 from servesweep.aggregate import with_unit_columns
+from servesweep.chart_registry import CHARTS, has_gpu_energy
 from servesweep.frontier import frontier_by
-
-# File names of the charts in the report folder (the energy chart in a folder of its own: it exists only where GPU
-# energy was measured).
-CHART_FILES = {"throughput": "throughput_vs_concurrency", "speedup": "speedup_heatmap", "frontier": "frontier",
-               "latency": "latency_vs_throughput"}
-ENERGY_DIR, ENERGY_FILE = "energy", "energy_per_token"
 
 
 def prompts_label(df: pd.DataFrame) -> pd.Series:
@@ -98,11 +94,6 @@ def per_gpu_title(cells: pd.DataFrame) -> str:
     units = set(_units(cells)["gpu_unit"])
     return ("per host" if units == {"host"} else "per GPU" if units == {"GPU"}
             else "per GPU (per host for CPU engines)")
-
-
-def has_gpu_energy(cells: pd.DataFrame) -> bool:
-    """Whether any cell measured GPU energy (J per output token)."""
-    return "gpu_j_per_output_token" in cells and bool(cells["gpu_j_per_output_token"].notna().any())
 
 
 def frontier_points(cells: pd.DataFrame) -> pd.DataFrame:
@@ -218,23 +209,20 @@ def energy_chart(cells: pd.DataFrame) -> alt.Chart | None:
 
 
 def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_dir: str | Path) -> list[Path]:
-    """Every chart of the report as PNG and SVG under ``out_dir`` (names in CHART_FILES; the energy chart under
-    ``out_dir/energy`` only where GPU energy was measured); returns the files written."""
+    """Every chart of :data:`~servesweep.chart_registry.CHARTS` that applies to this sweep, as PNG and SVG under
+    ``out_dir`` (a chart that applies only to some sweeps in its folder, created empty where it does not); returns
+    the files written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    charts = {"throughput": throughput_chart(cells), "speedup": speedup_heatmap(speedup, baseline),
-              "frontier": frontier_chart(cells), "latency": latency_chart(cells)}
+    tables = {"cells": cells, "speedup": speedup, "baseline": baseline}
     written = []
-    for key, chart in charts.items():
-        paths = [out_dir / f"{CHART_FILES[key]}.png", out_dir / f"{CHART_FILES[key]}.svg"]
-        save_chart(chart, *paths)
-        written += paths
-    energy_dir = out_dir / ENERGY_DIR
-    energy_dir.mkdir(parents=True, exist_ok=True)
-    energy = energy_chart(cells)
-    if energy is not None:
-        paths = [energy_dir / f"{ENERGY_FILE}.png", energy_dir / f"{ENERGY_FILE}.svg"]
-        save_chart(energy, *paths)
+    for chart in CHARTS:
+        if chart.folder:
+            (out_dir / chart.folder).mkdir(parents=True, exist_ok=True)
+        if not chart.applies_to(cells):
+            continue
+        paths = [out_dir / name for name in chart.files()]
+        save_chart(globals()[chart.draw](*(tables[key] for key in chart.inputs)), *paths)
         written += paths
     return written
 

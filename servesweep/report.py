@@ -15,7 +15,7 @@ from servesweep import compare, decide
 from servesweep import report_decisions as rd
 from servesweep import stats as stats_mod
 from servesweep.aggregate import HOST_BUSY_PCT, interval_text, with_unit_columns
-from servesweep.charts import CHART_FILES, ENERGY_DIR, ENERGY_FILE, has_gpu_energy
+from servesweep.chart_registry import charts_in, has_gpu_energy
 from servesweep.correctness.lossless import NEAR_TIE_NATS
 from servesweep.correctness.sandbox import UNSANDBOXED
 from servesweep.engines import engine_names, get_engine
@@ -318,9 +318,8 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
                      "cost is given.")
     if notes:
         lines += [" ".join(notes), ""]
-    lines += [f"![Throughput per GPU vs tok/s per user]({CHART_FILES['frontier']}.png) "
-              f"([SVG]({CHART_FILES['frontier']}.svg)) — each line one config through its concurrencies; circled: "
-              "the Pareto frontier (points no other point beats on both axes, docs/report.md).", ""]
+    for chart in charts_in("summary"):
+        lines += [chart.markdown(), ""]
     return lines
 
 
@@ -601,18 +600,11 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
 
 
 def charts_section(cells: pd.DataFrame) -> list[str]:
-    """The charts beyond the summary's frontier; the energy chart only where GPU energy was measured."""
-    lines = ["## Charts", "",
-             f"![Throughput vs concurrency]({CHART_FILES['throughput']}.png) "
-             f"([SVG]({CHART_FILES['throughput']}.svg))", "",
-             f"![Latency vs throughput]({CHART_FILES['latency']}.png) ([SVG]({CHART_FILES['latency']}.svg)) — TTFT "
-             "and TPOT p50/p99 against output tok/s per GPU, one line per config through its concurrencies.", "",
-             f"![Speedup heatmap]({CHART_FILES['speedup']}.png) ([SVG]({CHART_FILES['speedup']}.svg))", ""]
-    if has_gpu_energy(cells):
-        lines += [f"![GPU energy per output token]({ENERGY_DIR}/{ENERGY_FILE}.png) "
-                  f"([SVG]({ENERGY_DIR}/{ENERGY_FILE}.svg))", ""]
-    else:
-        lines += ["No GPU energy was measured, so there is no energy chart.", ""]
+    """The charts beyond the summary's (``servesweep.chart_registry``); a chart that applies only to some sweeps says
+    why it is absent from the others."""
+    lines = ["## Charts", ""]
+    for chart in charts_in("charts"):
+        lines += [chart.markdown() if chart.applies_to(cells) else chart.absent, ""]
     return lines
 
 

@@ -1,0 +1,85 @@
+"""The report's charts, one list (:data:`CHARTS`): each chart's name, the function of :mod:`servesweep.charts` that
+draws it and the tables it takes, where FINDINGS.md shows it and what it says beside it, when it applies, and its
+files. :func:`servesweep.charts.write_charts` draws from it, ``rules/report.smk`` declares the plot rule's outputs
+from it, and :mod:`servesweep.report` shows each chart from it; its Snakemake caption is
+``report/captions/<name>.rst`` (planning fails without one).
+
+It imports nothing, so planning the workflow does not load the plotting libraries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+FORMATS = ("png", "svg")
+SECTIONS = ("summary", "charts")  # the first screen of FINDINGS.md, or its Charts section
+
+
+def has_gpu_energy(cells) -> bool:
+    """Whether any cell of a cells table measured GPU energy (J per output token)."""
+    return "gpu_j_per_output_token" in cells and bool(cells["gpu_j_per_output_token"].notna().any())
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of the report.
+
+    ``name``: its files' stem in ``results/report/`` and its caption's, ``report/captions/<name>.rst``. ``draw``: the
+    function of :mod:`servesweep.charts` that draws it, called with the tables named in ``inputs`` (of ``cells``,
+    ``speedup``, ``baseline``). ``section``: where FINDINGS.md shows it (:data:`SECTIONS`), as an image with
+    ``alt`` text, followed by ``caption`` where it has one. A chart with ``applies`` is drawn only for a sweep whose
+    cells it is true of; Snakemake cannot declare an output that may not exist, so its files lie in a ``folder`` of
+    their own, which stays empty otherwise, and FINDINGS.md says ``absent`` instead.
+    """
+
+    name: str
+    draw: str
+    inputs: tuple[str, ...]
+    section: str
+    alt: str
+    caption: str = ""
+    applies: Callable | None = None
+    folder: str | None = None
+    absent: str = ""
+
+    @property
+    def stem(self) -> str:
+        """The chart's path in the report folder, without its format."""
+        return f"{self.folder}/{self.name}" if self.folder else self.name
+
+    def files(self) -> list[str]:
+        """Its files, relative to the report folder: one per format."""
+        return [f"{self.stem}.{fmt}" for fmt in FORMATS]
+
+    def applies_to(self, cells) -> bool:
+        """Whether the sweep whose cells table this is gets this chart."""
+        return self.applies is None or self.applies(cells)
+
+    def markdown(self) -> str:
+        """The line of FINDINGS.md that shows it: the PNG, a link to the SVG, then its caption."""
+        image = f"![{self.alt}]({self.stem}.png) ([SVG]({self.stem}.svg))"
+        return f"{image} — {self.caption}" if self.caption else image
+
+
+# In the order FINDINGS.md shows them, within each section.
+CHARTS = (
+    Chart("frontier", "frontier_chart", ("cells",), "summary", "Throughput per GPU vs tok/s per user",
+          "each line one config through its concurrencies; circled: the Pareto frontier (points no other point beats "
+          "on both axes, docs/report.md)."),
+    Chart("throughput_vs_concurrency", "throughput_chart", ("cells",), "charts", "Throughput vs concurrency"),
+    Chart("latency_vs_throughput", "latency_chart", ("cells",), "charts", "Latency vs throughput",
+          "TTFT and TPOT p50/p99 against output tok/s per GPU, one line per config through its concurrencies."),
+    Chart("speedup_heatmap", "speedup_heatmap", ("speedup", "baseline"), "charts", "Speedup heatmap"),
+    Chart("energy_per_token", "energy_chart", ("cells",), "charts", "GPU energy per output token",
+          applies=has_gpu_energy, folder="energy", absent="No GPU energy was measured, so there is no energy chart."),
+)
+
+
+def chart(name: str) -> Chart:
+    """The chart called ``name``."""
+    return next(c for c in CHARTS if c.name == name)
+
+
+def charts_in(section: str) -> list[Chart]:
+    """The charts FINDINGS.md shows in ``section``, in the order it shows them."""
+    return [c for c in CHARTS if c.section == section]
