@@ -143,6 +143,7 @@ def _finished_launch(results: Path, cfg: str, block: int) -> LaunchFiles:
 
 def test_a_config_with_a_failed_block_is_collected_over_the_blocks_that_finished(tmp_path):
     config = _sweep()
+    config["server_configs"]["flaky"] = dict(config["server_configs"]["broken"])
     results = tmp_path / "results"
     launches = [_publish(results, "flaky", 0, config), _finished_launch(results, "flaky", 1)]
     out = LaunchFiles.in_dir(results / "runs" / "flaky")
