@@ -132,3 +132,16 @@ def test_undecided_everywhere_is_one_short_summary_segment():
     assert "`dm8` on sharegpt prompts, throughput: C=1: 1.30× [1.10, 1.50] faster; C=4: 0.80× [1.10, 1.50] slower " \
            "— stops paying at C=4 (slower; faster up to C=1)." in lines[0]
     assert check_speculative_claims(lines[0], sp, cells()) == 1 + 2 * 3
+
+
+def test_each_engine_reads_its_draft_length_from_its_own_options():
+    from servesweep.engines import get_engine
+
+    assert get_engine("llamacpp").draft_length({"spec_type": "ngram-simple", "spec_ngram_size_m": 8}) == 8
+    assert get_engine("llamacpp").draft_length({"spec_type": "draft-simple", "draft_max": 16}) == 16
+    assert get_engine("llamacpp").draft_length({"draft_max": 16}) is None  # no speculative decoding asked for
+    assert get_engine("sglang").draft_length({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8}) == 8
+    assert get_engine("sglang").draft_length({"speculative_algorithm": "DDTREE", "ddtree_budget": 32,
+                                              "speculative_num_draft_tokens": 8}) == 32
+    assert get_engine("vllm").draft_length({"speculative_config": {"method": "ngram"}}) is None  # its default
+    assert get_engine("vllm").draft_length({"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}) == 4
