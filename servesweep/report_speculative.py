@@ -267,8 +267,9 @@ def summary_lines(cells: pd.DataFrame, speedup: pd.DataFrame, metas: list[dict])
         for label, g in series:
             for name, ratio, verdict, _ in METRICS:
                 points = [(int(r["concurrency"]), str(r[verdict])) for r in g.to_dict("records")]
-                lead = next((i for i, (_, v) in enumerate(points) if not _faster(v)), len(points) - 1)
-                shown = g.iloc[sorted({0, max(lead - 1, 0), lead})]
+                first_not = next((i for i, (_, v) in enumerate(points) if not _faster(v)), None)
+                shown = g.iloc[sorted({0, len(points) - 1} if first_not is None
+                                      else {0, max(first_not - 1, 0), first_not})]
                 parts.append(f"`{s.config}` on {label}, {name}: " + "; ".join(_points(shown, ratio, verdict))
                              + f" — {crossover(points)}.")
     if not parts:
