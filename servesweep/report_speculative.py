@@ -184,6 +184,25 @@ def _startup_text(meta: dict, base_meta: dict | None) -> list[str]:
     return parts
 
 
+def _cell_costs(cells: pd.DataFrame, cfg: str, baseline: str, memory: bool) -> list[str]:
+    """Per cell of ``cfg`` that the baseline also ran: peak GPU memory against the baseline's, and the step time."""
+    out = []
+    for r in cells[cells["config"] == cfg].sort_values(["workload", "ctx", "concurrency"]).to_dict("records"):
+        base = _baseline_row(cells, r, baseline)
+        if base is None:
+            continue
+        here = []
+        mine, theirs = r.get("gpu_mem_used_max_mib"), base.get("gpu_mem_used_max_mib")
+        if memory and pd.notna(mine) and pd.notna(theirs):
+            here.append(f"peak GPU memory {_mib(mine)} against {_mib(theirs)} ({mine - theirs:+,.0f} MiB)")
+        step = _step_text(r, base)
+        if step:
+            here.append(step)
+        if here:
+            out.append(f"{prompts_label(r['workload'], r['ctx'])} C={int(r['concurrency'])}: " + ", ".join(here))
+    return out
+
+
 def cost_lines(cells: pd.DataFrame, metas: list[dict], specs: list[SpecConfig], baseline: str) -> list[str]:
     """What speculation cost where it was measured: the draft model's size, peak GPU memory against the baseline at
     the same cell, the start-up log's KV cache and CUDA-graph memory, and the time per step; then what is not
@@ -198,28 +217,13 @@ def cost_lines(cells: pd.DataFrame, metas: list[dict], specs: list[SpecConfig], 
                          + (f"{s.draft_model_bytes / 2 ** 20:,.0f} MiB of weights" if s.draft_model_bytes
                             else "its size not recorded in meta.json"))
         meta, base_meta = by_config.get(s.config, {}), by_config.get(baseline, {})
-        if meta.get("model") == base_meta.get("model"):
+        same_model = meta.get("model") == base_meta.get("model")
+        if same_model:
             parts += _startup_text(meta, base_meta)
         else:
             parts.append(f"it serves `{meta.get('model')}`, the baseline `{base_meta.get('model')}`: nothing of "
                          "it is set beside the baseline")
-        cells_text = []
-        same_model = meta.get("model") == base_meta.get("model")
-        for r in cells[(cells["config"] == s.config) & same_model].sort_values(["workload", "ctx", "concurrency"]).to_dict("records"):
-            base = _baseline_row(cells, r, baseline)
-            if base is None:
-                continue
-            here = []
-            if memory and pd.notna(r.get("gpu_mem_used_max_mib")) and pd.notna(base.get("gpu_mem_used_max_mib")):
-                extra = r["gpu_mem_used_max_mib"] - base["gpu_mem_used_max_mib"]
-                here.append(f"peak GPU memory {_mib(r['gpu_mem_used_max_mib'])} against {_mib(base['gpu_mem_used_max_mib'])} "
-                            f"({extra:+,.0f} MiB)")
-            step = _step_text(r, base)
-            if step:
-                here.append(step)
-            if here:
-                label = prompts_label(r["workload"], r["ctx"])
-                cells_text.append(f"{label} C={int(r['concurrency'])}: " + ", ".join(here))
+        cells_text = _cell_costs(cells, s.config, baseline, memory) if same_model else []
         text = f"- `{s.config}`: " + ("; ".join(parts) if parts else "no start-up figure beside the baseline's")
         lines.append(text + (". Per cell against `" + baseline + "`: " + "; ".join(cells_text) if cells_text else "")
                      + ".")
@@ -229,10 +233,10 @@ def cost_lines(cells: pd.DataFrame, metas: list[dict], specs: list[SpecConfig], 
               "and CUDA-graph capture memory, read from the server's log) show how the server divided it. "
               + ("" if memory else "**No GPU memory was measured in these cells.** ")
               + "A step's time is the accept length over the per-request decode rate (drafting and verification "
-              "together, as if every decode step verified a draft), against the baseline's time per token: speculation pays per user where the accept length "
-              "exceeds that multiple. **Not measured**: how that time splits between drafting and verification (no "
-              "engine column here reports draft time), and, beyond its weights' size where meta.json records it, the draft "
-              "model's own share of GPU memory."]
+              "together, as if every decode step verified a draft), against the baseline's time per token: "
+              "speculation pays per user where the accept length exceeds that multiple. **Not measured**: how that "
+              "time splits between drafting and verification (no engine column here reports draft time), and, "
+              "beyond its weights' size where meta.json records it, the draft model's own share of GPU memory."]
     return lines
 
 

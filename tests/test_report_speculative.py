@@ -35,7 +35,8 @@ def cells() -> pd.DataFrame:
                          "spec_drafted_tokens": 100.0 if cfg != "ar" else 0.0,
                          "spec_accepted_tokens": 50.0 if cfg != "ar" else 0.0,
                          "spec_verify_steps": 25.0 if cfg != "ar" else 0.0,
-                         "accept_length_source": "metrics", "gpu_mem_used_max_mib": 1000.0 + (200 if cfg != "ar" else 0)})
+                         "accept_length_source": "metrics",
+                         "gpu_mem_used_max_mib": 1000.0 + (200 if cfg != "ar" else 0)})
     return pd.DataFrame(rows)
 
 
@@ -45,7 +46,8 @@ def speedup(verdicts: dict[str, list[str]], per_user: dict[str, list[str]] | Non
         for c, v, u in zip((1, 4, 16), vs, (per_user or verdicts)[cfg]):
             rows.append({"config": cfg, "workload": "sharegpt", "ctx": 0, "load": "concurrency", "concurrency": c,
                          "speedup": 1.3 if v == FASTER else 0.8 if v == SLOWER else 1.01,
-                         "speedup_lo": 1.1, "speedup_hi": 1.5, "verdict": v, "blocks_to_decide": 7 if v == INC else None,
+                         "speedup_lo": 1.1, "speedup_hi": 1.5, "verdict": v,
+                         "blocks_to_decide": 7 if v == INC else None,
                          "per_request_speedup": 1.4, "per_request_speedup_lo": 1.2, "per_request_speedup_hi": 1.6,
                          "per_request_verdict": u})
     return pd.DataFrame(rows)
@@ -145,4 +147,5 @@ def test_each_engine_reads_its_draft_length_from_its_own_options():
     assert get_engine("sglang").draft_length({"speculative_algorithm": "DDTREE", "ddtree_budget": 32,
                                               "speculative_num_draft_tokens": 8}) == 32
     assert get_engine("vllm").draft_length({"speculative_config": {"method": "ngram"}}) is None  # its default
-    assert get_engine("vllm").draft_length({"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}) == 4
+    ngram4 = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}
+    assert get_engine("vllm").draft_length(ngram4) == 4
