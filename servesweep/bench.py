@@ -487,6 +487,8 @@ def _run_leased(cfg_name, config, manifest, engine_facts, paths, correctness_out
     if sc.draft_model_name is not None:
         meta["draft_model"] = sc.draft_model_name
         meta["draft_model_path"] = str(sc.draft_path)
+        # the draft's weights are memory the baseline does not hold (the report's speculative-decoding cost)
+        meta["draft_model_bytes"] = sum(int(f.get("size") or 0) for f in draft_manifest.get("files") or []) or None
     meta["warnings"] += reaped
     meta["host_lease"] = {"locks": [p.name for p in lease.paths], "waited_s": lease.waited_s}
     if host_warmup:
