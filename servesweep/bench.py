@@ -400,6 +400,9 @@ def launch_meta(job: BenchJob, inputs: JobInputs, engine, spec, port: int, reape
     if sc.draft_model_name is not None:
         meta["draft_model"] = sc.draft_model_name
         meta["draft_model_path"] = str(sc.draft_path)
+        # the draft's weights are memory the baseline does not hold (the report's speculative-decoding cost)
+        meta["draft_model_bytes"] = sum(int(f.get("size") or 0)
+                                        for f in inputs.draft_manifest.get("files") or []) or None
     meta["host_lease"] = {"locks": [p.name for p in held.lease.paths], "waited_s": held.lease.waited_s}
     if inputs.host_warmup:
         meta["host_warmup"] = inputs.host_warmup

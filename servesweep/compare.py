@@ -67,6 +67,25 @@ def estimate(a_rows: pd.DataFrame, b_rows: pd.DataFrame, column: str) -> decide.
     return decide.unpaired(list(la), list(lb))
 
 
+def split_blocks(repeats: pd.DataFrame) -> list[dict]:
+    """The blocks whose launches were measured in more than one run of the pipeline (an invocation cut short and
+    run again, a config edited or retried): launches of such a block are not paired across its runs. Each entry:
+    {"block": k, "runs": {run id: [configs]}}, runs in the order they started."""
+    if repeats is None or repeats.empty or "block" not in repeats or "block_run" not in repeats:
+        return []
+    out = []
+    rows = repeats.dropna(subset=["block"]).assign(block_run=lambda d: d["block_run"].fillna("").astype(str))
+    for block, g in rows.groupby(rows["block"].astype(int)):
+        if g["block_run"].nunique() < 2:
+            continue
+        order = g.sort_values("cell_start") if "cell_start" in g else g
+        runs = {}
+        for run in order["block_run"].drop_duplicates():
+            runs[run] = sorted(set(g.loc[g["block_run"] == run, "config"]))
+        out.append({"block": int(block), "runs": runs})
+    return out
+
+
 def busy(repeats: pd.DataFrame, config: str, key: Sequence) -> bool:
     """Fewer than two of the cell's launches (or rounds, for one launch) were measured on a quiet host, and some
     were not: the cell is not compared."""

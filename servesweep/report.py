@@ -24,6 +24,7 @@ from servesweep.slo import SLO
 from servesweep.speculation import speculation_status
 from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
 from servesweep.report_rate import closed_loop_views, rate_section
+from servesweep.report_speculative import speculative_section, summary_lines
 from servesweep.warmup import describe_growth
 
 # Two directions are tested (first round slowest, first round fastest): 0.005 each keeps the pair at 1 %.
@@ -271,6 +272,7 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
     rule = rule or decide.Rule()
     cells = with_unit_columns(cells, cost)
     lines = ["## Summary", ""] + rd.failures(metas or []) + rd.answers(cells, speedup, baseline)
+    lines += summary_lines(cells, speedup, metas or [])
     # configs whose token counts cannot be trusted, or that measured nothing, are picked nowhere (Flags says why)
     cells = cells[~cells["config"].isin(set(design.get("untrusted") or {}))]
     choices = []
@@ -866,6 +868,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     warnings = [f"- `{m['config']}`: {w}" for m in metas for w in m.get("warnings") or []]
     if warnings:
         lines += ["Configuration warnings:", ""] + warnings + [""]
+    lines += speculative_section(cells, speedup, metas, baseline)
     lines += correctness_section(pd.read_csv(inputs.correctness), inputs.correctness_md.read_text(), baseline)
     lines += power_energy_section(cells, "")
     lines += rate_lines

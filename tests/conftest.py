@@ -23,12 +23,15 @@ def rebuilt_example(example: Path, out: Path):
 
     from servesweep.rebuild import report_from_example
 
-    from report_claims import check_claims
+    from report_claims import check_claims, check_speculative_claims
 
     text = report_from_example(example, out)
     cells = pd.read_csv(out / "cells.csv")
     # every verdict the report states is recomputed from its tables (tests/report_claims.py)
-    assert check_claims(text, pd.read_csv(out / "speedup.csv"), cells) > 0
+    speedup = pd.read_csv(out / "speedup.csv")
+    assert check_claims(text, speedup, cells) > 0
+    # and every claim of the speculative-decoding section, where the sweep has one
+    assert check_speculative_claims(text, speedup, cells) > 0 or "## Speculative decoding" not in text
     return text, cells, pd.read_csv(out / "correctness.csv")
 
 

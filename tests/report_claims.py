@@ -86,3 +86,108 @@ def check_claims(text: str, speedup: pd.DataFrame, cells: pd.DataFrame) -> int:
             assert set(sel["config"]) == {only["cfg"]}, f"{line}: cells.csv has {sorted(set(sel['config']))} there"
             checked += 1
     return checked
+
+
+# The "Speculative decoding" section (servesweep/report_speculative.py) and its first-screen line.
+SPEC_SEGMENT = re.compile(r"`(?P<cfg>[^`]+)` on (?P<prompts>" + PROMPTS + r"), (?P<metric>per user|throughput): "
+                          r"(?P<items>C=.*?) — (?P<cross>[^—]+?)\.(?= `|$)")
+UNDECIDED_SEGMENT = re.compile(r"`(?P<cfg>[^`]+)`: where it pays is not decided — no verdict: one launch per config "
+                               r"at every C")
+ACCEPTANCE_ROW = re.compile(r"\| `(?P<cfg>[^`]+)` \| (?P<prompts>" + PROMPTS + r") \| (?P<c>\d+) \| "
+                            r"(?P<length>[\d.]+|–)(?: ± (?P<half>[\d.]+))? \| (?P<rate>\d+ %|–) \|")
+MEMORY = re.compile(r"(?P<prompts>" + PROMPTS + r") C=(?P<c>\d+): peak GPU memory (?P<mine>[\d,]+) MiB against "
+                    r"(?P<base>[\d,]+) MiB \((?P<extra>[+-][\d,]+) MiB\)(?:, a step (?P<step>[\d.]+) ms against "
+                    r"(?P<plain>[\d.]+) ms per plain decode step \((?P<k>[\d.]+)×\))?")
+
+
+def _cells_row(cells: pd.DataFrame, cfg: str, label: str, c: int) -> pd.Series:
+    workload, ctx = _prompts(label)
+    sel = cells[(cells["config"] == cfg) & (cells["workload"] == workload) & (cells["concurrency"] == c)]
+    if ctx is not None:
+        sel = sel[sel["ctx"] == ctx]
+    assert len(sel) == 1, f"`{cfg}` on {label} at C={c}: cells.csv has {len(sel)} such rows"
+    return sel.iloc[0]
+
+
+def _check_crossover(claim: str, points: list[tuple[int, str]]) -> None:
+    """``claim`` (where speculation stops paying) against the (C, verdict) points it was written from."""
+    faster = [str(v).startswith("faster") for _, v in points]
+    verdict = dict(points)
+
+    def leading_faster_below(b: int) -> list[int]:
+        below = [c for c, _ in points if c < b]
+        assert all(verdict[c].startswith("faster") for c in below), (claim, points)
+        return below
+
+    if m := re.fullmatch(r"pays at every C measured, up to C=(\d+)", claim):
+        assert all(faster) and int(m[1]) == points[-1][0], (claim, points)
+    elif m := re.fullmatch(r"stops paying at C=(\d+) \((.+); faster up to C=(\d+)\)", claim):
+        below = leading_faster_below(int(m[1]))
+        assert below and below[-1] == int(m[3]) and verdict[int(m[1])] == m[2], (claim, points)
+        assert m[2].startswith(("slower", "equivalent")), claim
+    elif m := re.fullmatch(r"does not pay at C=(\d+), the lowest C measured \((.+)\)", claim):
+        assert int(m[1]) == points[0][0] and verdict[int(m[1])] == m[2], (claim, points)
+        assert m[2].startswith(("slower", "equivalent")), claim
+    elif m := re.fullmatch(r"not resolved between C=(\d+) and C=(\d+) \(faster at C=\1, inconclusive at C=\2\)", claim):
+        below = leading_faster_below(int(m[2]))
+        assert below and below[-1] == int(m[1]) and verdict[int(m[2])] == "inconclusive", (claim, points)
+    elif m := re.fullmatch(r"not resolved at C=(\d+), the lowest C measured \(inconclusive\)", claim):
+        assert int(m[1]) == points[0][0] and verdict[int(m[1])] == "inconclusive", (claim, points)
+    elif m := re.fullmatch(r"no crossover claimed: C=(\d+) (.+?)(?: \(faster up to C=(\d+)\))?", claim):
+        below = leading_faster_below(int(m[1]))
+        assert verdict[int(m[1])] == m[2] and (below[-1] if below else None) == (int(m[3]) if m[3] else None)
+        assert not m[2].startswith(("faster", "slower", "equivalent", "inconclusive")), claim
+    else:
+        raise AssertionError(f"a crossover the checks do not know: {claim!r}")
+
+
+def check_speculative_claims(text: str, speedup: pd.DataFrame, cells: pd.DataFrame) -> int:
+    """Check every claim of the speculative-decoding section and its summary line: each point's ratio, interval and
+    verdict, each crossover against the verdicts, the acceptance table and the memory and step-time figures."""
+    speedup = speedup[speedup["load"] == "concurrency"] if "load" in speedup else speedup
+    checked = 0
+    for line in text.splitlines():
+        if not line.startswith(("- `", "**Speculation**", "| `")):
+            continue
+        for seg in SPEC_SEGMENT.finditer(line):
+            prefix = "per_request_" if seg["metric"] == "per user" else ""
+            vcol = "per_request_verdict" if prefix else "verdict"
+            for part in seg["items"].split("; C="):
+                c, rest = part.removeprefix("C=").split(": ", 1)
+                item = ITEM.match(f"`{seg['cfg']}` " + rest)
+                assert item, (line, part)
+                _same(item, _row(speedup, seg["cfg"], seg["prompts"], int(c)), prefix)
+                checked += 1
+            workload, ctx = _prompts(seg["prompts"])
+            rows = speedup[(speedup["config"] == seg["cfg"]) & (speedup["workload"] == workload)]
+            rows = (rows[rows["ctx"] == ctx] if ctx is not None else rows).sort_values("concurrency")
+            _check_crossover(seg["cross"], [(int(r["concurrency"]), str(r[vcol])) for r in rows.to_dict("records")])
+            checked += 1
+        for seg in UNDECIDED_SEGMENT.finditer(line):
+            rows = speedup[speedup["config"] == seg["cfg"]]
+            assert len(rows) and set(rows["verdict"]) | set(rows["per_request_verdict"]) == {
+                "no verdict: one launch per config"}, line
+            checked += 1
+        if row := ACCEPTANCE_ROW.match(line):
+            r = _cells_row(cells, row["cfg"], row["prompts"], int(row["c"]))
+            if row["length"] == "–":
+                assert pd.isna(r.get("accept_length")), line
+            else:
+                assert float(row["length"]) == round(r["accept_length"], 2), (line, r["accept_length"])
+                if row["half"]:
+                    assert float(row["half"]) == round(r["accept_length_ci95"], 2), line
+            if row["rate"] != "–":
+                assert int(row["rate"][:-2]) == round(100 * r["accept_rate"]), (line, r["accept_rate"])
+            checked += 1
+        against = re.match(r"- `(?P<cfg>[^`]+)`: .*Per cell against `(?P<base>[^`]+)`: ", line)
+        for seg in MEMORY.finditer(line) if against else ():
+            mine = _cells_row(cells, against["cfg"], seg["prompts"], int(seg["c"]))
+            base = _cells_row(cells, against["base"], seg["prompts"], int(seg["c"]))
+            assert seg["mine"] == f"{mine['gpu_mem_used_max_mib']:,.0f}", (line, mine["gpu_mem_used_max_mib"])
+            assert seg["base"] == f"{base['gpu_mem_used_max_mib']:,.0f}", line
+            assert seg["extra"] == f"{mine['gpu_mem_used_max_mib'] - base['gpu_mem_used_max_mib']:+,.0f}", line
+            if seg["step"]:
+                step, plain = 1000 * mine["accept_length"] / mine["per_request_tok_s"], 1000 / base["per_request_tok_s"]
+                assert (seg["step"], seg["plain"], seg["k"]) == (f"{step:.2f}", f"{plain:.2f}", f"{step / plain:.2f}")
+            checked += 1
+    return checked

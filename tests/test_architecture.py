@@ -73,7 +73,8 @@ def code_names(node: ast.AST) -> list[str]:
 
 # Modules whose strings become report text: there an engine named even in a sentence is engine knowledge in the
 # report (SGLang's request cap was such a sentence); it belongs in that engine's ``findings``.
-REPORT_MODULES = ("servesweep/report.py", "servesweep/charts.py", "servesweep/chart_registry.py")
+REPORT_MODULES = ("servesweep/report.py", "servesweep/charts.py", "servesweep/chart_registry.py",
+                  "servesweep/report_speculative.py")
 # Report phrases that name the peer benchmark clients whose conventions a column follows, not an engine servesweep
 # launches.
 REPORT_PHRASES_ALLOWED = ("vLLM's and SGLang's clients",)

@@ -50,3 +50,22 @@ def test_collect_writes_the_run_folder_from_every_launch(tmp_path):
     assert out.server_log.read_text().index("log 0") < out.server_log.read_text().index("log 1")
     assert list(pd.read_csv(out.telemetry)["block"]) == [0, 1]
     assert len(pd.read_csv(out.repeats)) == 2 and pd.read_csv(out.cells)["repeats"].iloc[0] == 2
+
+
+def test_a_block_measured_in_two_runs_is_found_and_flagged():
+    """An invocation cut short and run again puts one block's launches in two runs: the design summary names the
+    block with each run's configs, and the Flags line says how a resumed run keeps its pairs."""
+    import pandas as pd
+
+    from servesweep.compare import split_blocks
+    from servesweep.report_decisions import flags
+
+    rows = [{"config": c, "block": b, "block_run": run, "cell_start": t, "agg_output_tok_s": 10.0}
+            for c, b, run, t in [("ar", 0, "r1", 0), ("ngram", 0, "r1", 1), ("ngram", 1, "r1", 2),
+                                 ("ar", 1, "r2", 3), ("ar", 2, "r2", 4), ("ngram", 2, "r2", 5)]]
+    split = split_blocks(pd.DataFrame(rows))
+    assert split == [{"block": 1, "runs": {"r1": ["ngram"], "r2": ["ar"]}}]
+    assert split_blocks(pd.DataFrame([r for r in rows if r["block"] != 1])) == []
+    text = " ".join(flags({"split_blocks": split}, pd.DataFrame(columns=["family", "design"])))
+    assert "Block 1 was measured in 2 runs (`ngram` in run `r1`; `ar` in run `r2`)" in text
+    assert "`SERVESWEEP_RUN=r1 snakemake …`" in text

@@ -89,3 +89,6 @@ def test_verdicts_paired_over_two_blocks_and_the_copy_called_nothing(report):
     assert (speedup["blocks"] == 2).all() and (speedup["verdict"] == "inconclusive").all()
     assert "Replicate check: `ar-copy`, launched exactly like the baseline, was called different in none" in text
     assert set(cells["bottleneck"]) == {diagnosis.HOST}
+    assert noise["split_blocks"] == [{"block": 1, "runs": {"20261201T140216-6060": ["ar-copy", "ngram"],
+                                                           "20261201T141143-8956": ["ar"]}}]
+    assert "Block 1 was measured in 2 runs" in text and "`SERVESWEEP_RUN=20261201T140216-6060 snakemake …`" in text

@@ -255,6 +255,11 @@ class Engine(abc.ABC):
         name or None) ask for, or None when they ask for none."""
         return None
 
+    def draft_length(self, options: dict) -> int | None:
+        """The most tokens one speculative step drafts (or the draft tree's budget), as a config's structured options
+        set it; None where they leave it to the engine's default or ask for no speculative decoding."""
+        return None
+
     # --- preparation and launch --------------------------------------------------------------------------------
     @abc.abstractmethod
     def prepare(self, settings: dict, log) -> dict:

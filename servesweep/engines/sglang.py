@@ -435,6 +435,11 @@ class SGLangEngine(Engine):
     def speculation_requested(self, options, draft_model=None):
         return _spec(options)
 
+    def draft_length(self, options):
+        # DDTree's budget bounds its draft tree; the other algorithms verify speculative_num_draft_tokens per step.
+        key = "ddtree_budget" if _spec(options) == "DDTREE" else "speculative_num_draft_tokens"
+        return int(options[key]) if _spec(options) and options.get(key) is not None else None
+
     def cache_dirs(self, env=None):
         # FlashInfer's JIT kernels and TVM-FFI's build cache: both grew only on the first launch on a host
         # (docs/performance.md, "Packing configs onto GPUs").

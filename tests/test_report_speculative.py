@@ -1,0 +1,151 @@
+"""The speculative-decoding section (servesweep/report_speculative.py) on synthetic tables: every claim it makes is
+recomputed from the tables by tests/report_claims.py, and the crossover says only what the verdicts support."""
+import math
+
+import pandas as pd
+import pytest
+from report_claims import check_speculative_claims
+
+from servesweep import decide
+from servesweep import report_speculative as rs
+
+FASTER, SLOWER, INC, EQ = "faster", "slower", "inconclusive", "equivalent within ±5%"
+
+
+def metas(**draft) -> list[dict]:
+    base = {"config": "ar", "engine": "vllm", "model": "m", "options": {}, "labels": {"speculative": "none"},
+            "startup_phases": {"kv_cache_tokens": 1000, "weights_gb": 1.0}}
+    spec = {"config": "ng4", "engine": "vllm", "model": "m", "labels": {"speculative": "ngram"},
+            "options": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}},
+            "startup_phases": {"kv_cache_tokens": 800, "weights_gb": 1.0}}
+    dm = {"config": "dm8", "engine": "vllm", "model": "m", "labels": {"speculative": "draft"},
+          "options": {"speculative_config": {"method": "draft_model", "num_speculative_tokens": 8}},
+          "draft_model": "small", **draft}
+    return [base, spec, dm]
+
+
+def cells() -> pd.DataFrame:
+    rows = []
+    for cfg, length in (("ar", math.nan), ("ng4", 3.0), ("dm8", 5.0)):
+        for c, rate in ((1, 100.0), (4, 80.0), (16, 40.0)):
+            rows.append({"config": cfg, "workload": "sharegpt", "ctx": 0, "load": "concurrency", "concurrency": c,
+                         "per_request_tok_s": rate * (1.5 if cfg != "ar" else 1.0), "accept_length": length,
+                         "accept_length_ci95": 0.1 if cfg != "ar" else math.nan,
+                         "accept_rate": 0.5 if cfg == "ng4" else math.nan,
+                         "spec_drafted_tokens": 100.0 if cfg != "ar" else 0.0,
+                         "spec_accepted_tokens": 50.0 if cfg != "ar" else 0.0,
+                         "spec_verify_steps": 25.0 if cfg != "ar" else 0.0,
+                         "accept_length_source": "metrics",
+                         "gpu_mem_used_max_mib": 1000.0 + (200 if cfg != "ar" else 0)})
+    return pd.DataFrame(rows)
+
+
+def speedup(verdicts: dict[str, list[str]], per_user: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    rows = []
+    for cfg, vs in verdicts.items():
+        for c, v, u in zip((1, 4, 16), vs, (per_user or verdicts)[cfg]):
+            rows.append({"config": cfg, "workload": "sharegpt", "ctx": 0, "load": "concurrency", "concurrency": c,
+                         "speedup": 1.3 if v == FASTER else 0.8 if v == SLOWER else 1.01,
+                         "speedup_lo": 1.1, "speedup_hi": 1.5, "verdict": v,
+                         "blocks_to_decide": 7 if v == INC else None,
+                         "per_request_speedup": 1.4, "per_request_speedup_lo": 1.2, "per_request_speedup_hi": 1.6,
+                         "per_request_verdict": u})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("verdicts, words", [
+    ([FASTER, FASTER, FASTER], "pays at every C measured, up to C=16"),
+    ([FASTER, SLOWER, SLOWER], "stops paying at C=4 (slower; faster up to C=1)"),
+    ([FASTER, FASTER, EQ], "stops paying at C=16 (equivalent within ±5%; faster up to C=4)"),
+    ([SLOWER, SLOWER, SLOWER], "does not pay at C=1, the lowest C measured (slower)"),
+    ([FASTER, INC, SLOWER], "not resolved between C=1 and C=4 (faster at C=1, inconclusive at C=4)"),
+    ([INC, FASTER, FASTER], "not resolved at C=1, the lowest C measured (inconclusive)"),
+    ([decide.UNDECIDED] * 3, "no crossover claimed: C=1 no verdict: one launch per config"),
+    ([FASTER, decide.NOT_MEASURABLE, FASTER], "no crossover claimed: C=4 not measurable (faster up to C=1)"),
+])
+def test_crossover_is_the_first_c_not_faster_and_claims_only_its_verdict(verdicts, words):
+    assert rs.crossover(list(zip((1, 4, 16), verdicts))) == words
+
+
+def test_configs_are_grouped_by_method_and_draft_length_from_their_options():
+    specs = rs.spec_configs(cells(), metas(draft_model_bytes=2 ** 30))
+    assert [(s.config, s.method, s.draft_length, s.draft_model) for s in specs] == [
+        ("dm8", "draft_model", 8, "small"), ("ng4", "ngram", 4, None)]
+    text = "\n".join(rs.speculative_section(cells(), speedup({"ng4": [FASTER] * 3, "dm8": [FASTER] * 3}),
+                                            metas(), "ar"))
+    assert "`draft_model`, draft length 8, draft model `small`:" in text and "`ngram`, draft length 4:" in text
+
+
+def test_section_claims_recompute_from_the_tables():
+    sp = speedup({"ng4": [FASTER, INC, SLOWER], "dm8": [FASTER, FASTER, EQ]},
+                 {"ng4": [FASTER, FASTER, SLOWER], "dm8": [FASTER, FASTER, FASTER]})
+    text = "\n".join(rs.summary_lines(cells(), sp, metas())
+                     + rs.speculative_section(cells(), sp, metas(draft_model_bytes=500 * 2 ** 20), "ar"))
+    # 2 configs × 2 metrics × (3 points + crossover) in the section, the summary's points, 6 acceptance rows,
+    # 6 memory cells
+    assert check_speculative_claims(text, sp, cells()) >= 16 + 6 + 6
+    assert ("- `ng4` on sharegpt prompts, throughput: C=1: 1.30× [1.10, 1.50] faster; C=4: 1.01× [1.10, 1.50] "
+            "inconclusive (about 7 blocks would likely decide it); C=16: 0.80× [1.10, 1.50] slower — not resolved "
+            "between C=1 and C=4 (faster at C=1, inconclusive at C=4).") in text
+    assert "- `ng4` on sharegpt prompts, per user: C=1: 1.40× [1.20, 1.60] faster; C=4: 1.40× [1.20, 1.60] faster; " \
+           "C=16: 1.40× [1.20, 1.60] slower — stops paying at C=16 (slower; faster up to C=4)." in text
+    summary = text.splitlines()[0]
+    assert summary.startswith("**Speculation** — ")
+    # the lowest C and the last one called faster where every C was
+    assert "`dm8` on sharegpt prompts, per user: C=1: 1.40× [1.20, 1.60] faster; C=16: 1.40× [1.20, 1.60] faster " \
+           "— pays at every C measured, up to C=16." in summary
+    assert "draft model `small`, 500 MiB of weights" in text
+    assert "KV cache 800 tokens against the baseline's 1,000" in text
+
+
+def test_a_contradicted_claim_fails_the_check():
+    sp = speedup({"ng4": [FASTER, SLOWER, SLOWER], "dm8": [FASTER] * 3})
+    text = "\n".join(rs.speculative_section(cells(), sp, metas(), "ar"))
+    wrong = sp.assign(verdict=sp["verdict"].where(~((sp["config"] == "ng4") & (sp["concurrency"] == 4)), INC))
+    with pytest.raises(AssertionError):
+        check_speculative_claims(text, wrong, cells())
+    lied = text.replace("stops paying at C=4 (slower; faster up to C=1)", "pays at every C measured, up to C=16")
+    with pytest.raises(AssertionError):
+        check_speculative_claims(lied, sp, cells())
+
+
+def test_acceptance_and_cost_say_what_is_not_measured():
+    c = cells().drop(columns=["accept_rate", "gpu_mem_used_max_mib"])
+    text = "\n".join(rs.speculative_section(c, speedup({"ng4": [FASTER] * 3, "dm8": [FASTER] * 3}), metas(), "ar"))
+    assert "| `ng4` | sharegpt prompts | 1 | 3.00 ± 0.10 | – | metrics |" in text
+    assert "No accept rate for `dm8`, `ng4`: its server reported no count of drafted tokens." in text
+    assert "**No GPU memory was measured in these cells.**" in text
+    assert "draft model `small`, its size not recorded in meta.json" in text
+    assert "no engine column here reports draft time" in text
+    # a step: accept length over the per-request rate, against the baseline's time per token
+    assert "a step 20.00 ms against 10.00 ms per plain decode step (2.00×)" in text
+
+
+def test_no_speculative_config_no_section_and_no_summary_line():
+    plain = cells()[cells()["config"] == "ar"]
+    assert rs.speculative_section(plain, speedup({}), metas()[:1], "ar") == []
+    assert rs.summary_lines(plain, speedup({}), metas()[:1]) == []
+
+
+def test_undecided_everywhere_is_one_short_summary_segment():
+    sp = speedup({"ng4": [decide.UNDECIDED] * 3, "dm8": [FASTER, SLOWER, SLOWER]})
+    lines = rs.summary_lines(cells(), sp, metas())
+    assert ("`ng4`: where it pays is not decided — no verdict: one launch per config at every C (the ratios are in "
+            "the Speculative decoding section).") in lines[0]
+    assert "`dm8` on sharegpt prompts, throughput: C=1: 1.30× [1.10, 1.50] faster; C=4: 0.80× [1.10, 1.50] slower " \
+           "— stops paying at C=4 (slower; faster up to C=1)." in lines[0]
+    assert check_speculative_claims(lines[0], sp, cells()) == 1 + 2 * 3
+
+
+def test_each_engine_reads_its_draft_length_from_its_own_options():
+    from servesweep.engines import get_engine
+
+    assert get_engine("llamacpp").draft_length({"spec_type": "ngram-simple", "spec_ngram_size_m": 8}) == 8
+    assert get_engine("llamacpp").draft_length({"spec_type": "draft-simple", "draft_max": 16}) == 16
+    assert get_engine("llamacpp").draft_length({"draft_max": 16}) is None  # no speculative decoding asked for
+    assert get_engine("sglang").draft_length({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8}) == 8
+    assert get_engine("sglang").draft_length({"speculative_algorithm": "DDTREE", "ddtree_budget": 32,
+                                              "speculative_num_draft_tokens": 8}) == 32
+    assert get_engine("vllm").draft_length({"speculative_config": {"method": "ngram"}}) is None  # its default
+    ngram4 = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}
+    assert get_engine("vllm").draft_length(ngram4) == 4
