@@ -64,3 +64,19 @@ def test_the_recorded_meta_keeps_its_keys(default_config):
     assert meta["warnings"] == ["a warning", "reaped one"] and meta["model_sha256"] == "ab"
     assert meta["matrix"] == config["matrix"] and meta["slo"] == config["slo"]
     assert list(unlaunched_meta(job)) == UNLAUNCHED_META_KEYS
+
+
+def test_a_draft_configs_meta_names_its_draft():
+    config = check_config({
+        "models": {"t": {"source": {"local": "/t.gguf"}, "format": "gguf"},
+                   "d": {"source": {"local": "/d.gguf"}, "format": "gguf"}},
+        "server_configs": {"a": {"engine": "llamacpp", "model": "t", "draft_model": "d"}}, "baseline": "a",
+        "matrix": {"context_lengths": [64], "concurrencies": [1], "output_tokens": 8}})
+    job = BenchJob.from_config("a", config)
+    assert job.server.draft_model == config["models"]["d"]
+    job = dataclasses.replace(job, server=dataclasses.replace(job.server, draft_path="/d.gguf"))
+    inputs = JobInputs({"path": "/t.gguf"}, {}, draft_manifest={"model": "d", "files": [{"size": 10}, {"size": 5}]})
+    meta = launch_meta(job, inputs, SimpleNamespace(config_warnings=lambda sc: []),
+                       SimpleNamespace(argv=[], env={}), 1, [], HeldHost(SimpleNamespace(paths=[], waited_s=0.0), []))
+    assert list(meta)[-4:] == ["draft_model", "draft_model_path", "draft_model_bytes", "host_lease"]
+    assert (meta["draft_model"], meta["draft_model_path"], meta["draft_model_bytes"]) == ("d", "/d.gguf", 15)
