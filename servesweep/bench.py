@@ -262,8 +262,24 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
                     extra_fields=engine.load_fields(sc), request_timeout_s=sc.request_timeout_s,
                     chunk_tokens=engine.chunk_tokens, chunks_are_tokens=engine.chunks_are_tokens(sc), label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
                     window=plan, prompt_source=source, arrivals=arrivals)
-    records, columns = await measure_cell(server, engine, sc, session, spec, telemetry,
-                                          f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}", slos)
+    name = f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}"
+    records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, name, slos)
+    # A client that could not keep up measured itself, not the server: measure the round again with more client
+    # processes while the host has them. The superseded attempts' requests are kept (phase "client-bound").
+    superseded, attempts, first_tok_s = [], 0, columns.get("agg_output_tok_s", math.nan)
+    most = matrix.most_client_workers(conc) if closed else 1
+    while columns.get("client_bound") and spec.workers < most:
+        workers = min(most, 2 * spec.workers)
+        log.info("[%s] %s ctx=%s %s rep=%d: client-bound with %d client process(es) (event-loop lag p99 %.1f ms): "
+                 "measuring it again with %d", sc.name, key.workload, key.ctx, _shown(key), key.repeat,
+                 spec.workers, columns.get("loop_lag_p99_ms", math.nan), workers)
+        superseded += [{**r, "phase": "client-bound"} for r in records]
+        attempts += 1
+        spec = replace(spec, workers=workers)
+        records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, f"{name}_w{workers}", slos)
+    columns["client_remeasured"] = attempts
+    columns["client_bound_first_tok_s"] = first_tok_s if attempts else math.nan
+    records = superseded + records
     row = CellRow(sc.name, sc.engine, key, columns, records, block)
     if not server.alive():
         raise CellServerDied(row, f"the server exited during {key.workload} ctx={key.ctx} {_shown(key)} repeat "

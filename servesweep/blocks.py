@@ -82,6 +82,9 @@ def cells_over_blocks(repeats: list[dict]) -> list[dict]:
         row["repeats_host_busy"] = sum(stats_mod.host_busy(r) for r in every)
         row["client_bound_repeats"] = sum(bool(r.get("client_bound")) for r in every)
         row["client_bound"] = any(bool(r.get("client_bound")) for r in every)
+        workers = [r.get("client_workers") for r in every if isinstance(r.get("client_workers"), (int, float))
+                   and not math.isnan(r.get("client_workers"))]
+        row["client_workers_max"] = int(max(workers)) if workers else 1
         lags = [r["loop_lag_p99_ms"] for r in every if isinstance(r.get("loop_lag_p99_ms"), (int, float))]
         row["loop_lag_p99_ms_max"] = max(lags) if lags else math.nan
         out.append(row)

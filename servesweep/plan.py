@@ -5,6 +5,8 @@ the engines, is :mod:`servesweep.config`'s.
 """
 from __future__ import annotations
 
+import os
+
 import copy
 import functools
 import importlib.resources
@@ -80,6 +82,7 @@ class Matrix:
     max_concurrency: int
     arrival_seed: int
     output_jitter: float
+    client_workers_max: int | str
 
     @classmethod
     def from_config(cls, matrix: dict, workloads: list[str] | None = None,
@@ -109,7 +112,16 @@ class Matrix:
             max_concurrency=int(matrix["max_concurrency"]),
             arrival_seed=int(matrix["arrival_seed"]),
             output_jitter=float(matrix["output_jitter"]),
+            client_workers_max=matrix["client_workers_max"],
         )
+
+    def most_client_workers(self, concurrency: int, cpus: int | None = None) -> int:
+        """The most client processes a client-bound round of a C = ``concurrency`` cell is measured again with:
+        ``client_workers_max`` ("auto": a quarter of ``cpus``, the host's by default), never more than C."""
+        most = self.client_workers_max
+        if most == "auto":
+            most = max(1, (cpus or os.cpu_count() or 1) // 4)
+        return max(1, min(int(most), int(concurrency)))
 
     def requests_for(self, concurrency: int) -> int:
         """Requests sent inside the window that must complete before it closes: a multiple of C, at least the floor."""

@@ -355,12 +355,27 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, rule: de
         for r in cells[cells["client_bound"].fillna(False).astype(bool)].itertuples():
             lag = getattr(r, "loop_lag_p99_ms_max", math.nan)
             lag = r.loop_lag_p99_ms if pd.isna(lag) else lag
-            of = (f" in {int(r.client_bound_repeats)} of {int(r.repeats)} repeats"
-                  if pd.notna(getattr(r, "client_bound_repeats", math.nan)) and pd.notna(getattr(r, "repeats", math.nan))
-                  else "")
-            out.append(f"- `{r.config}` {cell_label(r)}: client-bound{of} — client event-loop lag p99 up to "
+            rounds = getattr(r, "rounds", math.nan)
+            rounds = getattr(r, "repeats", math.nan) if pd.isna(rounds) else rounds
+            of = (f" in {int(r.client_bound_repeats)} of {int(rounds)} rounds"
+                  if pd.notna(getattr(r, "client_bound_repeats", math.nan)) and pd.notna(rounds) else "")
+            again = getattr(r, "client_remeasured", math.nan)
+            again = (f", although {int(again)} round(s) were measured again with more client processes (up to "
+                     f"{int(r.client_workers_max)})" if pd.notna(again) and again > 0
+                     and pd.notna(getattr(r, "client_workers_max", math.nan)) else "")
+            out.append(f"- `{r.config}` {cell_label(r)}: client-bound{of}{again} — client event-loop lag p99 up to "
                        f"{lag:.1f} ms > {CLIENT_BOUND_LAG_P99_MS:.0f} ms, so the client limited this cell; its "
                        "throughput is the client's, not the server's speed, and it is left out of the rankings.")
+    if "client_remeasured" in cells:
+        kept_up = cells[(pd.to_numeric(cells["client_remeasured"], errors="coerce") > 0)
+                        & ~cells.get("client_bound", pd.Series(False, index=cells.index)).fillna(False).astype(bool)]
+        for r in kept_up.itertuples():
+            workers = getattr(r, "client_workers_max", math.nan)
+            out.append(f"- `{r.config}` {cell_label(r)}: the client could not keep up with one process in "
+                       f"{int(r.client_remeasured)} round(s); measured again with more client processes"
+                       + (f" (up to {int(workers)})" if pd.notna(workers) else "")
+                       + ", which kept up: its figures are the re-measured rounds' (the first attempts' requests are "
+                       "in requests.jsonl, phase `client-bound`).")
     if repeats is not None and "host_other_cpu_pct" in repeats:
         busy = repeats[repeats["host_other_cpu_pct"] > HOST_BUSY_PCT]
         keys = ["config", *[k for k in ("workload", "ctx", "concurrency") if k in repeats]]

@@ -401,7 +401,7 @@ CI_COLUMNS = (
 # Summed over repeats rather than averaged.
 COUNT_COLUMNS = ("requests", "errors", "warmup_requests", "drain_requests", "output_tokens", "prompt_tokens",
                  "unsent_at_close", "usage_mismatch_requests", "burst_stream_requests", "usage_tokens",
-                 "usage_chunks", "engine_generated_tokens", "engine_checked_usage_tokens")
+                 "usage_chunks", "engine_generated_tokens", "engine_checked_usage_tokens", "client_remeasured")
 # A cell: its prompts, and its load — closed-loop at ``concurrency`` (``request_rate`` NaN) or open-loop at
 # ``request_rate`` req/s (``concurrency`` NaN; its cap on requests in flight is ``max_concurrency``).
 CELL_KEYS = ("workload", "ctx", "load", "concurrency", "request_rate")
