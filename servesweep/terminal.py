@@ -10,9 +10,10 @@ MAX_LINES = 40
 
 
 def summary_for_terminal(findings: str | Path, max_lines: int = MAX_LINES) -> str:
-    """The Summary section of ``findings`` as written, its heading included (interactive and batch answers, the picks per service-level
-    target, Resolution, Flags, failed configs), without its chart line and its runs of blank lines, cut to
-    ``max_lines`` lines with a last line saying how many more the file holds. Empty when the file has no Summary."""
+    """The Summary section of ``findings`` as written, its heading included (interactive and batch answers, the
+    picks per service-level target, Resolution, Flags, failed configs), without its chart line and its runs of blank
+    lines, cut to ``max_lines`` lines with a last line saying how many more the file holds. Empty when the file has
+    no Summary."""
     lines = Path(findings).read_text().splitlines()
     if SUMMARY_HEADING not in lines:
         return ""
