@@ -36,7 +36,14 @@ def summary_for_terminal(findings: str | Path, max_lines: int = MAX_LINES) -> st
 def html_report_command(configfiles: list[str] | tuple[str, ...] = ()) -> str:
     """The command that bundles FINDINGS.md with the charts and tables into one HTML file, with the run's
     ``--configfile=…`` (the report is of the sweep that file describes)."""
-    return " ".join(["snakemake", *(f"--configfile={c}" for c in configfiles), "--report", "report.html"])
+    return " ".join(["snakemake", *(f"--configfile={_as_typed(c)}" for c in configfiles), "--report", "report.html"])
+
+
+def _as_typed(path) -> str:
+    """``path`` relative to the working directory when it lies inside it (Snakemake may hold it absolute)."""
+    path = Path(path)
+    cwd = Path.cwd()
+    return str(path.relative_to(cwd)) if path.is_absolute() and path.is_relative_to(cwd) else str(path)
 
 
 def answer_for_terminal(findings: str | Path, configfiles: list[str] | tuple[str, ...] = (),

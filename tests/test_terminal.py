@@ -61,3 +61,11 @@ def test_the_answer_names_the_file_and_the_html_report_command_only_when_this_ru
                       "HTML report (findings, charts and tables in one file): "
                       "snakemake --configfile=my-sweep.yaml --report report.html"]
     assert answer_for_terminal(findings).endswith("snakemake --report report.html")
+
+
+def test_the_html_report_command_names_the_configfile_as_typed(tmp_path, monkeypatch):
+    from servesweep.terminal import html_report_command
+
+    monkeypatch.chdir(tmp_path)
+    assert html_report_command([tmp_path / "sweeps" / "a.yaml", "/elsewhere/b.yaml"]) == (
+        "snakemake --configfile=sweeps/a.yaml --configfile=/elsewhere/b.yaml --report report.html")
