@@ -2,7 +2,11 @@
 # model download -> engine preparation and environment checks -> host warm-up -> one bench job per server config
 # and block, gathered per config -> tables, lossless and coding-eval tables -> charts -> findings report
 
+import time
+
 from snakemake.utils import min_version
+
+from servesweep.terminal import answer_if_written
 
 min_version("9.0")
 
@@ -15,6 +19,10 @@ report: "report/workflow.rst"
 if not workflow.overwrite_configfiles:
 
     configfile: "config/config.yaml"
+
+
+# When this run wrote the findings, it ends by printing their first screen (servesweep.terminal)
+RUN_START = time.time()
 
 
 include: "rules/common.smk"
@@ -43,3 +51,11 @@ rule all:
     default_target: True
     input:
         rules.report.input,
+
+
+# The answer at the end: FINDINGS.md's Summary, its path and the HTML report's command, on stdout, when this run wrote
+# FINDINGS.md. Snakemake calls no handler after a dry run, nor when there was nothing to do.
+onsuccess:
+    answer = answer_if_written("results/report/FINDINGS.md", RUN_START, workflow.overwrite_configfiles)
+    if answer:
+        print(answer, flush=True)

@@ -5,6 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# apt's and pip's output goes to a log, shown (its tail) only when the step fails.
+setup_logs="logs/setup"
+mkdir -p "$setup_logs"
+quietly() {  # quietly NAME MESSAGE COMMAND...: one line on the terminal, the command's output in $setup_logs/NAME.log
+  local log="$setup_logs/$1.log"; echo "setup.sh: $2 (log: $log)"; shift 2
+  if ! "$@" >"$log" 2>&1; then
+    echo "setup.sh: failed: $*; the last lines of $log:" >&2
+    tail -n 30 "$log" | sed 's/^/  | /' >&2
+    return 1
+  fi
+}
+
 need=()
 command -v aria2c >/dev/null || need+=(aria2)
 command -v cmake >/dev/null || need+=(cmake)
@@ -26,8 +38,9 @@ if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null && ! command -v c
 fi
 if [ "${#need[@]}" -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" || {
+  quietly apt-update "apt-get update" $SUDO apt-get update -qq
+  quietly apt-install "installing ${need[*]} (apt-get)" \
+    env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" || {
     echo "setup.sh: apt-get install ${need[*]} failed" >&2
     exit 1
   }
@@ -39,7 +52,10 @@ fi
 
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
-python3 -m pip install -q --disable-pip-version-check -e ".${extras}"
+quietly pip "installing servesweep${extras} and its Python dependencies (pip)" \
+  python3 -m pip install -q --disable-pip-version-check -e ".${extras}"
 
-# The embedded default's engine: built from the llama-cpp-python sdist's vendored llama.cpp, cached per machine.
-python3 -m servesweep.engines.llamacpp_build
+# The embedded default's engine: built from the llama-cpp-python sdist's vendored llama.cpp, cached per machine; the
+# build prints a line per stage and keeps cmake's and the compiler's output in a log beside it.
+server="$(python3 -m servesweep.engines.llamacpp_build)"
+echo "setup.sh: llama-server: $server"

@@ -35,6 +35,7 @@ from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, cl
 from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
                                 corpus_text, run_load)
 from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
+from servesweep.progress import CellProgress
 from servesweep.slo import SLO
 from servesweep.warmup import cache_growth, cache_snapshot
 from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
@@ -320,6 +321,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
         await writer.keep_metrics(session, base, engine.metrics_path, "metrics-start.prom")
         cells = ([(w, ctx, "concurrency", c) for w, ctx, c in matrix.cells()]
                  + [(w, ctx, "rate", r) for w, ctx, r in matrix.rate_cells()])
+        progress = CellProgress(sc.name, block.index, len(cells) * matrix.repeats, matrix.repeats)
         for rep in range(matrix.repeats):
             for k, (workload, ctx, load, level) in enumerate(cells):
                 # Every repeat of a cell sends the same prompts (its repeats then differ by measurement noise, not by
@@ -340,6 +342,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 writer.add_requests(row.request_records())
                 writer.add_repeat(row.as_row())
                 log.info(_cell_line(row))
+                progress.done(key, row.columns.get("agg_output_tok_s", math.nan), row.columns["errors"])
         await writer.keep_metrics(session, base, engine.metrics_path, "metrics-end.prom")
     return described
 

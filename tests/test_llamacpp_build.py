@@ -1,6 +1,8 @@
 """The llama-server build: cached once per machine, and a build stopped part-way resumes from its kept build tree
 (a CUDA build can outlast a job's time limit). Runs cmake and the C compiler on a tiny project shaped like the sdist."""
+import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -9,18 +11,20 @@ import pytest
 from fake_sdist import fake_llama_sdist
 from servesweep.engines import llamacpp_build
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def test_a_stopped_build_resumes_from_its_build_tree(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVESWEEP_CACHE", str(tmp_path / "cache"))
     sdist = fake_llama_sdist(tmp_path, "0.0.2", "resumed llama-server")
-    real_run = subprocess.run
+    real_step = llamacpp_build._run_step
 
-    def stopped_at_the_compile(cmd, **kw):
+    def stopped_at_the_compile(cmd, *args):
         if "--build" in cmd:
             raise KeyboardInterrupt  # as a time limit would stop it
-        return real_run(cmd, **kw)
+        return real_step(cmd, *args)
 
-    monkeypatch.setattr(llamacpp_build.subprocess, "run", stopped_at_the_compile)
+    monkeypatch.setattr(llamacpp_build, "_run_step", stopped_at_the_compile)
     with pytest.raises(KeyboardInterrupt):
         with open(tmp_path / "first.log", "w") as log:
             llamacpp_build.build_llama_server("0.0.2", "cpu", sdist, log=log)
@@ -29,16 +33,15 @@ def test_a_stopped_build_resumes_from_its_build_tree(tmp_path, monkeypatch):
     assert not llamacpp_build.binary_path("0.0.2", "cpu").exists()
 
     # The next call needs neither the sdist nor a download: it goes on from the kept tree, then clears it.
-    monkeypatch.setattr(llamacpp_build.subprocess, "run", real_run)
+    monkeypatch.setattr(llamacpp_build, "_run_step", real_step)
     monkeypatch.setattr(llamacpp_build, "_fetch_sdist", lambda *a: pytest.fail("fetched the sdist again"))
     with open(tmp_path / "build.log", "w") as log:
         server = llamacpp_build.build_llama_server("0.0.2", "cpu", None, log=log)
-    assert real_run([str(server)], capture_output=True, text=True).stdout.strip() == "resumed llama-server"
+    assert subprocess.run([str(server)], capture_output=True, text=True).stdout.strip() == "resumed llama-server"
     assert f"resuming the interrupted build in {work}" in (tmp_path / "build.log").read_text()
     assert not work.exists()
     # cached: a third call builds nothing (it only checks that the binary runs)
-    monkeypatch.setattr(llamacpp_build.subprocess, "run",
-                        lambda cmd, **k: pytest.fail("built again") if cmd[0] == "cmake" else real_run(cmd, **k))
+    monkeypatch.setattr(llamacpp_build, "_run_step", lambda *a: pytest.fail("built again"))
     assert llamacpp_build.build_llama_server("0.0.2", "cpu", None) == server
 
 
@@ -92,3 +95,38 @@ def test_an_unkeyed_cache_that_runs_is_taken_over_without_a_build(tmp_path, monk
     server = llamacpp_build.build_llama_server("0.0.5", "cpu")
     assert server == llamacpp_build.binary_path("0.0.5", "cpu") and server.read_text() == legacy.read_text()
     assert "taken over" in (server.parent / "cpu-features.txt").read_text()
+
+
+def _build_command(tmp_path, sdist, version):
+    env = {**os.environ, "SERVESWEEP_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "servesweep.engines.llamacpp_build", "--sdist", str(sdist),
+                           "--version", version], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_the_build_shows_its_stages_not_the_compilers_output(tmp_path):
+    """What setup.sh's user sees of a build, outside a terminal (CI): a line per stage with the expected time and
+    the log's path, cmake's percentage, the binary; cmake's and the compiler's lines are in the log only."""
+    done = _build_command(tmp_path, fake_llama_sdist(tmp_path, "0.0.6", "quiet llama-server"), "0.0.6")
+    assert done.returncode == 0, done.stderr
+    shown = done.stderr.splitlines()
+    log = tmp_path / "cache" / Path(shown[0].rsplit("log: ", 1)[1]).name
+    assert shown[0] == (f"building llama-server from llama-cpp-python 0.0.6 (cpu, {os.cpu_count()} jobs), "
+                        f"about 5-7 min on 2 cores; log: {log}")
+    assert any(line.startswith("  compile: 50 % after ") and line.endswith(" left") for line in shown)
+    assert shown[-1].startswith("built llama-server in ") and len(shown) <= 5, shown
+    assert Path(done.stdout.strip()).parents[2] == tmp_path / "cache" and shown[-1].endswith(done.stdout.strip())
+    written = log.read_text()
+    assert "Building C object" in written and "The C compiler identification" in written
+    assert not any(word in done.stderr for word in ("Building C object", "compiler identification", "CMake"))
+
+
+def test_a_failed_build_shows_the_logs_tail_and_path(tmp_path):
+    sdist = fake_llama_sdist(tmp_path, "0.0.7", 'no closing quote);\nint broken(void) { return }')
+    done = _build_command(tmp_path, sdist, "0.0.7")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    shown = done.stderr.splitlines()
+    assert any("the llama-server build failed: compile failed" in line for line in shown)
+    assert any(line.startswith("  | ") and "error" in line for line in shown)  # the compiler's own error
+    log = next((tmp_path / "cache").glob("llama.cpp-0.0.7-cpu-*.build.log"))
+    assert f"whole log: {log}" in shown and shown[-1].endswith(f"see the build log {log}")
+    assert len(shown) <= llamacpp_build.LOG_TAIL_LINES + 6

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from servesweep import promtext
+from servesweep import logs, promtext
 from servesweep.engines import llamacpp_build
 from servesweep.engines.base import (SERVING_FLAGS, Engine, LaunchSpec, LogEvent, per_position_columns,
                                      spec_counter_columns)
@@ -163,7 +163,9 @@ class LlamaCppEngine(Engine):
                 raise FileNotFoundError(f"config key `engines.llamacpp.binary`: {path} does not exist — fix: build "
                                         "llama-server or remove the key to let servesweep build it")
         else:
-            path = llamacpp_build.build_llama_server(version, settings.get("flavour", "cpu"), log=log)
+            # the build's stages reach the terminal too: a first build in a job takes minutes
+            path = llamacpp_build.build_llama_server(version, settings.get("flavour", "cpu"), log=log,
+                                                     show=logs.terminal())
         return {"engine": self.name, "binary": str(path), "llama_cpp_python_sdist": version,
                 "version": reported_version(path)}
 

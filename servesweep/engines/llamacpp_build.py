@@ -5,8 +5,11 @@ build flavour and the CPU's instruction-set features (:func:`isa_key`: the build
 built on a newer node would die of an illegal instruction on an older one sharing the home directory), so it happens
 once per kind of node and never inside a benchmark job; a cached binary is used only once it runs
 (``--version``, :func:`run_problem`); a build that was stopped (a time
-limit, a killed command) resumes from its kept build tree the next time (``partial_dir``). A bundle's install step runs
-this module before servesweep's dependencies are importable: it uses the standard library only.
+limit, a killed command) resumes from its kept build tree the next time (``partial_dir``). The download's, cmake's
+and the compiler's output go to a log beside the build (:func:`build_log_path`); the caller's stream gets one line per
+stage, with the expected time, and a progress line now and then from cmake's ``[ 42%]`` lines; a failed step prints
+the log's tail and path. A bundle's install step runs this module before servesweep's dependencies are importable:
+it uses the standard library only.
 """
 from __future__ import annotations
 
@@ -20,11 +23,18 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
+from typing import TextIO
 
 from servesweep.cache import cache_root
 
 DEFAULT_VERSION = "0.3.36"
+# What the CPU build of DEFAULT_VERSION took on a 2-core machine: 5 min (README) to 7 min (docs/performance.md).
+CPU_BUILD_TIME = "about 5-7 min on 2 cores"
+PROGRESS_STEP_PCT = 20  # a progress line each time cmake's percentage passes a multiple of this
+PROGRESS_QUIET_S = 90  # ... and one after this long without a line, so a slow step still shows it is alive
+LOG_TAIL_LINES = 30  # of the build log, shown when a step fails
 
 
 # Instruction-set flags of /proc/cpuinfo that -march=native may compile in (x86); on Arm every "Features" entry counts.
@@ -70,6 +80,77 @@ def partial_dir(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:
     return cache_root() / f"llama.cpp-{version}-{flavour}-{isa_key()}.partial"
 
 
+def build_log_path(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:
+    """The log of the download, cmake and the compiler, beside the build (:func:`partial_dir`); kept after the build,
+    so that a warning can be looked up later."""
+    return cache_root() / f"llama.cpp-{version}-{flavour}-{isa_key()}.build.log"
+
+
+def minutes(seconds: float) -> str:
+    """``seconds`` as the terminal shows it: ``42 s``, ``3 min 5 s``."""
+    whole = int(round(seconds))
+    return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
+
+
+class BuildFailed(RuntimeError):
+    """A build step exited non-zero: the message names the step, its exit status and the build log."""
+
+
+class Stages:
+    """The lines a user sees: one per stage and a progress line now and then, to ``log`` and, when given and not
+    the same stream, to ``show`` (the terminal of a job whose stderr went to its log)."""
+
+    def __init__(self, log: TextIO, show: TextIO | None = None):
+        self.streams = [log] + ([show] if show is not None and show is not log else [])
+
+    def say(self, line: str) -> None:
+        for stream in self.streams:
+            print(line, file=stream, flush=True)
+
+
+_CMAKE_PCT = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def _run_step(cmd: list[str], out: TextIO, stages: Stages, label: str) -> None:
+    """Run ``cmd`` with its output appended to ``out`` (the build log); say how far it got each time cmake's
+    percentage passes a multiple of PROGRESS_STEP_PCT, or after PROGRESS_QUIET_S without a line. Raises
+    :class:`BuildFailed` when it exits non-zero."""
+    print("+ " + " ".join(cmd), file=out, flush=True)
+    start = last = time.monotonic()
+    shown_pct = 0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    try:
+        for line in proc.stdout:
+            out.write(line)
+            now = time.monotonic()
+            m = _CMAKE_PCT.match(line)
+            pct = int(m.group(1)) if m else None
+            if pct is not None and 0 < pct < 100 and pct // PROGRESS_STEP_PCT > shown_pct // PROGRESS_STEP_PCT:
+                shown_pct = pct
+                left = (now - start) * (100 - pct) / pct
+                stages.say(f"  {label}: {pct} % after {minutes(now - start)}, about {minutes(left)} left")
+                last = now
+            elif now - last >= PROGRESS_QUIET_S:
+                stages.say(f"  {label}: still running after {minutes(now - start)}"
+                           + (f" ({shown_pct} %)" if shown_pct else ""))
+                last = now
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:  # stopped part-way (a time limit, Ctrl-C): the step goes with it
+            proc.kill()
+            proc.wait()
+    out.flush()
+    if code != 0:
+        raise BuildFailed(f"{label} failed (`{' '.join(cmd)}` exited with status {code})")
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
 def run_problem(binary: Path) -> str | None:
     """Why ``binary`` cannot run on this node (None when ``binary --version`` exits 0): an illegal instruction, a
     missing library, a truncated file."""
@@ -107,11 +188,11 @@ def _usable(target: Path, version: str, flavour: str, log) -> bool:
     return False
 
 
-def _fetch_sdist(version: str, workdir: Path, log) -> Path:
+def _fetch_sdist(version: str, workdir: Path, out: TextIO, stages: Stages) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
            f"llama-cpp-python=={version}", "-d", str(workdir)]
-    print("+ " + " ".join(cmd), file=log, flush=True)
-    subprocess.run(cmd, check=True, stdout=log, stderr=log)
+    stages.say(f"downloading the llama-cpp-python {version} sdist (pip download)")
+    _run_step(cmd, out, stages, "pip download")
     found = sorted(workdir.glob("llama_cpp_python-*.tar.gz"))
     if not found:
         raise RuntimeError(f"pip download produced no llama-cpp-python sdist in {workdir}")
@@ -138,54 +219,77 @@ def cmake_args(flavour: str) -> list[str]:
 
 
 def build_llama_server(version: str = DEFAULT_VERSION, flavour: str = "cpu", sdist: Path | None = None,
-                       jobs: int | None = None, log=sys.stderr) -> Path:
+                       jobs: int | None = None, log: TextIO = sys.stderr, show: TextIO | None = None) -> Path:
     """Return the cached ``llama-server`` binary, building it first if this machine has none.
 
-    A file lock makes concurrent callers (parallel jobs, tests) wait for one build instead of racing.
+    ``log`` gets one line per stage (and ``show`` too, when given: the terminal of a job whose stderr is its log);
+    the download's, cmake's and the compiler's output go to :func:`build_log_path`. A file lock makes concurrent
+    callers (parallel jobs, tests) wait for one build instead of racing.
     """
     target = binary_path(version, flavour)
     if target.exists() and run_problem(target) is None:
         return target
     target.parent.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent.parent.with_suffix(".lock")
+    stages = Stages(log, show)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _usable(target, version, flavour, log):
             return target
-        work = partial_dir(version, flavour)
-        unpacked = work / "src.done"
-        if unpacked.exists():
-            print(f"resuming the interrupted build in {work}", file=log, flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            with tempfile.TemporaryDirectory(prefix="llama-sdist-") as tmp:
-                sdist = Path(sdist) if sdist else _fetch_sdist(version, Path(tmp), log)
-                with tarfile.open(sdist) as tar:
-                    tar.extractall(work / "src", filter="data")
-            unpacked.write_text(f"{sdist}\n")
-        roots = list((work / "src").glob("*/vendor/llama.cpp"))
-        if not roots:
-            shutil.rmtree(work, ignore_errors=True)
-            raise RuntimeError(f"{sdist} has no vendor/llama.cpp directory")
-        build = work / "build"
-        steps = [
-            ["cmake", "-S", str(roots[0]), "-B", str(build), *cmake_args(flavour)],
-            ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)],
-        ]
-        for cmd in steps:
-            print("+ " + " ".join(cmd), file=log, flush=True)
-            subprocess.run(cmd, check=True, stdout=log, stderr=log)
-        built = build / "bin" / "llama-server"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(built, target.with_suffix(".tmp"))
-        os.replace(target.with_suffix(".tmp"), target)
-        (target.parent / "cpu-features.txt").write_text(f"built here\n{' '.join(cpu_features())}\n")
-        shutil.rmtree(work, ignore_errors=True)
+        build_log = build_log_path(version, flavour)
+        with open(build_log, "a") as out:
+            try:
+                _build(target, version, flavour, sdist, jobs or os.cpu_count() or 2, out, stages)
+            except (BuildFailed, OSError, tarfile.TarError) as exc:
+                out.flush()
+                stages.say("\n".join([f"the llama-server build failed: {exc}; the last lines of its log:",
+                                       *(f"  | {line}" for line in _log_tail(build_log)),
+                                       f"whole log: {build_log}"]))
+                raise BuildFailed(f"building llama-server from llama-cpp-python {version} failed: {exc} — fix: "
+                                  f"see the build log {build_log}") from exc
         problem = run_problem(target)
         if problem:
-            raise RuntimeError(f"the llama-server just built does not run: {problem} — fix: see the build log")
+            raise RuntimeError(f"the llama-server just built does not run: {problem} — fix: see the build log "
+                               f"{build_log}")
     return target
+
+
+def _build(target: Path, version: str, flavour: str, sdist: Path | None, jobs: int, out: TextIO,
+           stages: Stages) -> None:
+    """The build itself, its output to ``out``: unpack the sdist (or resume the kept tree), cmake, the compiler;
+    then the binary into the cache and the build tree removed."""
+    start = time.monotonic()
+    work = partial_dir(version, flavour)
+    unpacked = work / "src.done"
+    print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}: llama-server {version} {flavour}", file=out, flush=True)
+    if unpacked.exists():
+        stages.say(f"resuming the interrupted build in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        with tempfile.TemporaryDirectory(prefix="llama-sdist-") as tmp:
+            sdist = Path(sdist) if sdist else _fetch_sdist(version, Path(tmp), out, stages)
+            with tarfile.open(sdist) as tar:
+                tar.extractall(work / "src", filter="data")
+        unpacked.write_text(f"{sdist}\n")
+    roots = list((work / "src").glob("*/vendor/llama.cpp"))
+    if not roots:
+        shutil.rmtree(work, ignore_errors=True)
+        raise RuntimeError(f"{sdist} has no vendor/llama.cpp directory")
+    build = work / "build"
+    expected = CPU_BUILD_TIME if flavour == "cpu" else "longer than the CPU build's 5-7 min on 2 cores"
+    stages.say(f"building llama-server from llama-cpp-python {version} ({flavour}, {jobs} jobs), {expected}; "
+               f"log: {out.name}")
+    _run_step(["cmake", "-S", str(roots[0]), "-B", str(build), *cmake_args(flavour)], out, stages, "cmake configure")
+    _run_step(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], out, stages,
+              "compile")
+    built = build / "bin" / "llama-server"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(built, target.with_suffix(".tmp"))
+    os.replace(target.with_suffix(".tmp"), target)
+    (target.parent / "cpu-features.txt").write_text(f"built here\n{' '.join(cpu_features())}\n")
+    shutil.rmtree(work, ignore_errors=True)
+    stages.say(f"built llama-server in {minutes(time.monotonic() - start)}: {target}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flavour", default="cpu", help="cpu, or cuda-<arch> such as cuda-90")
     ap.add_argument("--sdist", type=Path, help="a local llama-cpp-python sdist instead of pip download")
     args = ap.parse_args(argv)
-    print(build_llama_server(args.version, args.flavour, args.sdist))
+    try:
+        print(build_llama_server(args.version, args.flavour, args.sdist))
+    except BuildFailed as exc:  # its log's tail is already on stderr: the reason without a traceback
+        print(exc, file=sys.stderr)
+        return 1
     return 0
 
 
