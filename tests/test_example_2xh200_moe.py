@@ -50,7 +50,7 @@ def test_verdicts(report):
     # the only server-bound config at C=64, ranked with the three it left out named, not "the only config measured"
     assert ("- ctx=1024 C=64: `ep2` 5926.6 (no verdict: one launch per config) tok/s. Left out: `dp2` (9456.5, client-bound: the client's pace, "
             "not the server's), `pp2` (5226.7, client-bound") in text and "the only config measured" not in text
-    assert "`tp2` ctx=1024 C=64: client-bound in 2 of 3 repeats" in text
+    assert "`tp2` ctx=1024 C=64: client-bound in 2 of 3 rounds" in text
     assert "- `pp2` on synthetic 1024-token prompts: C=1: 0.30× [0.25, 0.35] no verdict: one launch per config" in text
 
 
