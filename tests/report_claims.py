@@ -88,7 +88,7 @@ def check_claims(text: str, speedup: pd.DataFrame, cells: pd.DataFrame) -> int:
     return checked
 
 
-# The "Speculative decoding" section (servesweep/report_speculative.py) and its first-screen line.
+# The "Speculative decoding" section (servesweep/report/speculative.py) and its first-screen line.
 SPEC_SEGMENT = re.compile(r"`(?P<cfg>[^`]+)` on (?P<prompts>" + PROMPTS + r"), (?P<metric>per user|throughput): "
                           r"(?P<items>C=.*?) — (?P<cross>[^—]+?)\.(?= `|$)")
 UNDECIDED_SEGMENT = re.compile(r"`(?P<cfg>[^`]+)`: where it pays is not decided — no verdict: one launch per config "

@@ -58,7 +58,7 @@ def test_a_block_measured_in_two_runs_is_found_and_flagged():
     import pandas as pd
 
     from servesweep.compare import split_blocks
-    from servesweep.report_decisions import flags
+    from servesweep.report.decisions import flags
 
     rows = [{"config": c, "block": b, "block_run": run, "cell_start": t, "agg_output_tok_s": 10.0}
             for c, b, run, t in [("ar", 0, "r1", 0), ("ngram", 0, "r1", 1), ("ngram", 1, "r1", 2),

@@ -220,8 +220,9 @@ def _stand_in(path: Path) -> Path:
 
 
 def _pipeline_config(binary: Path, marker: Path) -> dict:
-    """One cell (synthetic 32-token prompts at C=1, 1 s window), two blocks, three configs: `base`; `broken`, whose
-    server exits at once; `flaky`, whose first launch never becomes ready."""
+    """One cell (synthetic 32-token prompts at C=1, 1 s window), two blocks, four configs: `base`; `broken`, whose
+    server exits at once; `flaky`, whose first launch never becomes ready; `liar`, twice as fast as `base` by its
+    own usage counts, which report three times the tokens it streams."""
     base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     truth = json.dumps({"default_speed": 200.0, "launch_cv": 0, "token_cv": 0})
 
@@ -235,7 +236,9 @@ def _pipeline_config(binary: Path, marker: Path) -> dict:
         "engines": {"llamacpp": {**base["engines"].get("llamacpp", {}), "binary": str(binary)}},
         "server_configs": {"base": entry({}), "broken": entry({"FAULT_MODE": "exit"}),
                            "flaky": entry({"FAULT_MODE": "never-ready", "FAULT_ONCE": str(marker)},
-                                          ready_timeout_s=2)},
+                                          ready_timeout_s=2),
+                           "liar": entry({"TRUTH_SERVER_SPEC": json.dumps({"default_speed": 400.0, "launch_cv": 0,
+                                                                           "token_cv": 0, "usage_factor": 3})})},
         "baseline": "base",
         "matrix": {"context_lengths": [32], "concurrencies": [1], "output_tokens": 8,
                    "warmup": {"seconds": 0, "requests_per_concurrency": 0},
@@ -279,9 +282,18 @@ def test_a_sweep_with_a_failing_config_still_reports(tmp_path):
                      first), first
     assert re.search(r"its cells and comparisons are over the block that finished \(block (0|1)\)\.", first), first
     again = re.search(r"`(snakemake --cores 1 report --forcerun [^`]+)`", first).group(1)
+    # the liar is measured, flagged on the first screen, and neither ranked nor picked
+    assert "**`liar` is left out of every ranking and pick**: " in first, first
+    speedup = pd.read_csv(work / "results" / "tables" / "speedup.csv").set_index("config")
+    assert speedup.loc["liar", "verdict"].startswith("left out") and speedup.loc["liar", "family"] == "left out"
+    assert "`liar` at C=" not in first[first.index("**Per SLO"):]
+    for line in first.splitlines():
+        if line.startswith(("**Interactive**", "**Batch**")):
+            assert "`liar` " not in line or "left out" in line, line
     cells = pd.read_csv(work / "results" / "tables" / "cells.csv")
-    assert sorted(cells["config"]) == ["base", "flaky"] and list(cells.sort_values("config")["repeats"]) == [2, 1]
-    assert list(pd.read_csv(work / "results" / "tables" / "speedup.csv")["config"]) == ["flaky"]
+    assert sorted(cells["config"]) == ["base", "flaky", "liar"]
+    assert list(cells.sort_values("config")["repeats"]) == [2, 1, 2]
+    assert sorted(speedup.index) == ["flaky", "liar"]
     for chart in ("throughput_vs_concurrency", "speedup_heatmap"):
         assert (work / "results" / "report" / f"{chart}.png").read_bytes()[:4] == b"\x89PNG"
     metas = {c: json.loads((work / "results" / "runs" / c / "meta.json").read_text())

@@ -260,7 +260,7 @@ def test_report_reads_near_ties_from_recorded_logprobs(tmp_path):
 
 
 def test_ordinals():
-    from servesweep.report import _ordinal
+    from servesweep.report.correctness import _ordinal
     assert [_ordinal(n) for n in (1, 2, 3, 4, 5, 11, 12, 13, 21, 22, 102, 111)] == [
         "1st", "2nd", "3rd", "4th", "5th", "11th", "12th", "13th", "21st", "22nd", "102nd", "111th"]
 

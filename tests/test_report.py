@@ -4,7 +4,7 @@ import math
 import pandas as pd
 import pytest
 
-from servesweep import report_decisions as rd
+from servesweep.report import decisions as rd
 from servesweep.report import anomalies
 
 

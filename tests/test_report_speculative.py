@@ -1,4 +1,4 @@
-"""The speculative-decoding section (servesweep/report_speculative.py) on synthetic tables: every claim it makes is
+"""The speculative-decoding section (servesweep/report/speculative.py) on synthetic tables: every claim it makes is
 recomputed from the tables by tests/report_claims.py, and the crossover says only what the verdicts support."""
 import math
 
@@ -7,7 +7,7 @@ import pytest
 from report_claims import check_speculative_claims
 
 from servesweep import decide
-from servesweep import report_speculative as rs
+from servesweep.report import speculative as rs
 
 FASTER, SLOWER, INC, EQ = "faster", "slower", "inconclusive", "equivalent within ±5%"
 

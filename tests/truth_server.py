@@ -24,6 +24,8 @@ beyond ``--parallel`` slots wait for a free slot, as llama-server's do.
   · (1 + ``slope_per_s`` · (t − epoch)). Defaults: amplitude 0, period 600 s, phase 0, slope 0. Configs measured one
   after another see different host speeds: the bias a block design must cancel.
 - ``prefill_tok_s`` (default 20000): prompt tokens per second before the first token.
+- ``usage_factor`` (default 1): the usage event reports this many times the tokens streamed (a server that
+  over-reports its tokens, which the pipeline must not rank).
 - ``seed``: with ``counter_file`` (a path), the launch seed is ``seed`` + a counter kept in that file (each launch
   takes the next number under a file lock: reproducible over a run); without it the seed comes from ``seed``, the
   pid and the clock (different per launch).
@@ -240,8 +242,9 @@ class Handler(BaseHTTPRequestHandler):
             finally:
                 with STATE.lock:
                     STATE.active -= 1
-        usage = {"choices": [], "usage": {"prompt_tokens": n_prompt, "completion_tokens": n,
-                                          "total_tokens": n_prompt + n}}
+        reported = int(round(n * float(STATE.truth.get("usage_factor", 1))))
+        usage = {"choices": [], "usage": {"prompt_tokens": n_prompt, "completion_tokens": reported,
+                                          "total_tokens": n_prompt + reported}}
         self._chunk(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()

@@ -14,7 +14,7 @@ import pandas as pd
 
 from servesweep import decide
 from servesweep.engines import engine_names, get_engine
-from servesweep.report_decisions import prompts_label, ratio_text, verdict_words
+from servesweep.report.decisions import prompts_label, ratio_text, verdict_words
 from servesweep.speculation import speculation_status
 
 # (label, ratio column, verdict column, what it measures): per user first, since it matters most at low C.

@@ -1,0 +1,153 @@
+"""The data-driven findings: speculation that did or did not run, anomalies (errors, concurrency drops, client-bound and busy cells, repeat order), engine metrics."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from servesweep import decide
+from servesweep.report import decisions as rd
+from servesweep import stats as stats_mod
+from servesweep.aggregate import HOST_BUSY_PCT
+from servesweep.engines import engine_names, get_engine
+from servesweep.engines.base import cell_label
+from servesweep.speculation import speculation_status
+from servesweep.loadgen import CLIENT_BOUND_LAG_P99_MS
+
+
+# Two directions are tested (first round slowest, first round fastest): 0.005 each keeps the pair at 1 %.
+REPEAT_ORDER_P = 0.005
+
+
+def speculation_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
+    """One line per config that asked for speculative decoding: whether its engine counted drafts, and on which
+    workloads its acceptance was measured."""
+    lines = []
+    for cfg, st in sorted(speculation_status(cells, metas).items()):
+        if st.requested is None:
+            continue
+        workloads = sorted(set(cells[cells["config"] == cfg].get("workload", pd.Series(["synthetic"]))))
+        on = f" Measured on: {', '.join(workloads)}."
+        if st.ran is False:
+            lines.append(f"- `{cfg}`: **speculation never ran** — {st.reason}. Its numbers are plain decoding "
+                         "and are not a speculative finding." + on)
+        elif st.ran is None:
+            lines.append(f"- `{cfg}`: not known whether it drafted — {st.reason}." + on)
+        else:
+            lines.append(f"- `{cfg}`: drafted — {st.reason}." + on)
+    return lines
+
+
+def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, rule: decide.Rule | None = None,
+              metas: list[dict] | None = None) -> list[str]:
+    out = []
+    for r in cells[cells.get("errors", 0) > 0].itertuples():
+        out.append(f"- `{r.config}` {cell_label(r)}: {int(r.errors)} of {int(r.requests)} requests in the measured "
+                   "windows failed (see requests.jsonl).")
+    out += rd.concurrency_drops(cells, repeats, rule)
+    if "client_bound" in cells:
+        for r in cells[cells["client_bound"].fillna(False).astype(bool)].itertuples():
+            lag = getattr(r, "loop_lag_p99_ms_max", math.nan)
+            lag = r.loop_lag_p99_ms if pd.isna(lag) else lag
+            rounds = getattr(r, "rounds", math.nan)
+            rounds = getattr(r, "repeats", math.nan) if pd.isna(rounds) else rounds
+            of = (f" in {int(r.client_bound_repeats)} of {int(rounds)} rounds"
+                  if pd.notna(getattr(r, "client_bound_repeats", math.nan)) and pd.notna(rounds) else "")
+            again = getattr(r, "client_remeasured", math.nan)
+            again = (f", although {int(again)} round(s) were measured again with more client processes (up to "
+                     f"{int(r.client_workers_max)})" if pd.notna(again) and again > 0
+                     and pd.notna(getattr(r, "client_workers_max", math.nan)) else "")
+            out.append(f"- `{r.config}` {cell_label(r)}: client-bound{of}{again} — client event-loop lag p99 up to "
+                       f"{lag:.1f} ms > {CLIENT_BOUND_LAG_P99_MS:.0f} ms, so the client limited this cell; its "
+                       "throughput is the client's, not the server's speed, and it is left out of the rankings.")
+    if "client_remeasured" in cells:
+        kept_up = cells[(pd.to_numeric(cells["client_remeasured"], errors="coerce") > 0)
+                        & ~cells.get("client_bound", pd.Series(False, index=cells.index)).fillna(False).astype(bool)]
+        for r in kept_up.itertuples():
+            workers = getattr(r, "client_workers_max", math.nan)
+            out.append(f"- `{r.config}` {cell_label(r)}: the client could not keep up with one process in "
+                       f"{int(r.client_remeasured)} round(s); measured again with more client processes"
+                       + (f" (up to {int(workers)})" if pd.notna(workers) else "")
+                       + ", which kept up: its figures are the re-measured rounds' (the first attempts' requests are "
+                       "in requests.jsonl, phase `client-bound`).")
+    if repeats is not None and "host_other_cpu_pct" in repeats:
+        busy = repeats[repeats["host_other_cpu_pct"] > HOST_BUSY_PCT]
+        keys = ["config", *[k for k in ("workload", "ctx", "concurrency") if k in repeats]]
+        for key, g in busy.groupby(keys):
+            r = g.iloc[0]
+            of = len(repeats[(repeats[keys] == pd.Series(dict(zip(keys, key)))).all(axis=1)])
+            out.append(f"- `{r['config']}` {cell_label(r)}: {len(g)} of {of} repeats were measured while other "
+                       f"processes used {g['host_other_cpu_pct'].max():.0f} % of the host's CPU (more than "
+                       f"{HOST_BUSY_PCT:.0f} %): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
+                       "two quiet repeats is not compared at all.")
+    out += repeat_order_findings(repeats)
+    out += rd.order_effect(repeats, metas or [])
+    if "window_capped" in cells:
+        for r in cells[cells["window_capped"].fillna(False).astype(bool)].itertuples():
+            out.append(f"- `{r.config}` {cell_label(r)}: the measured window reached `matrix.measure.max_seconds` "
+                       "before enough requests completed; its latency percentiles rest on fewer requests than asked for.")
+    if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
+        synthetic = cells[cells.get("workload", "synthetic") == "synthetic"]
+        off = synthetic[(synthetic["prompt_tokens_per_request"] - synthetic["requested_prompt_tokens"]).abs() > 2]
+        for r in off.itertuples():
+            out.append(f"- `{r.config}` ctx={r.ctx}: the server counted {r.prompt_tokens_per_request:.0f} prompt "
+                       f"tokens per request for {r.requested_prompt_tokens} requested.")
+    return out
+
+
+def repeat_order_drifts(repeats: pd.DataFrame | None) -> list[tuple[str, int, int, float, str]]:
+    """(``slowest``/``fastest``, cells where the first round was that, cells, probability under order-irrelevance,
+    the count per config) for each direction in which the first round of repeats stood out beyond chance
+    (``REPEAT_ORDER_P``)."""
+    drift = stats_mod.first_round_extremes(repeats)
+    return [(word, sum(drift[side].values()), drift["cells"], drift[f"p_{side}"],
+             ", ".join(f"`{cfg}` {drift[side][cfg]} of {k}" for cfg, k in drift["per_config"].items()))
+            for side, word in (("lowest", "slowest"), ("highest", "fastest"))
+            if drift["cells"] and drift[f"p_{side}"] < REPEAT_ORDER_P]
+
+
+def repeat_order_findings(repeats: pd.DataFrame | None) -> list[str]:
+    """Flag a sweep whose first round of repeats was the slowest (or fastest) of its cells' repeats more often than
+    chance allows: the intervals treat a cell's repeats as alike, and such an order says they were not."""
+    return [f"- Repeat order mattered: the first round was the {word} of its cell's repeats in {hits} of {n} cells "
+            f"({per}); were the order of the repeats irrelevant, that many or more would happen with probability "
+            f"{p:.2g}. The 95 % intervals and the noise band treat a cell's repeats as alike, so here they also hold "
+            "a change over the job's time; what changed is not measured."
+            for word, hits, n, p, per in repeat_order_drifts(repeats)]
+
+
+def engine_metric_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
+    """What the engine columns of the cells table mean for each config: accept length against speedup and server
+    failures, then each engine's own findings (``Engine.findings``) for the engines in the sweep."""
+    out = []
+    if "accept_length" in cells:
+        for cfg, g in cells.dropna(subset=["accept_length"]).groupby("config"):
+            parts = ", ".join(f"{cell_label(r)}: {r.accept_length:.2f}" for r in g.itertuples())
+            out.append(f"- `{cfg}` accept length (tokens per verify step, bonus token included): {parts}.")
+            if "speedup" in g:
+                # Each verify step costs more than one plain decode step; the speedup says how much of the accepted
+                # length survived that cost.
+                low = g[(g.accept_length > 1.5) & (g.speedup < 1.0)]
+                for r in low.itertuples():
+                    out.append(f"- `{cfg}` at {cell_label(r)} accepts {r.accept_length:.2f} tokens per "
+                               f"step yet runs at {r.speedup:.2f}× the baseline: drafting and verification cost more "
+                               "than the accepted tokens save at this batch size.")
+    if "failures" in cells:
+        for cfg, g in cells[cells.failures.fillna(0) > 0].groupby("config"):
+            kinds = sorted({k for v in g.get("failure_kinds", pd.Series(dtype=str)).dropna() for k in str(v).split(";")})
+            out.append(f"- `{cfg}` logged {int(g.failures.sum())} server failure line(s) during its cells "
+                       f"({', '.join(kinds) or 'see server.log'}).")
+    return out + engines_findings(cells, metas)
+
+
+def engines_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
+    """Each engine's own finding lines (``Engine.findings``), for the engines the sweep's configs ran on, in engine
+    name order: given that engine's rows of ``cells`` and its configs' meta records."""
+    out = []
+    # A run recorded under an engine no longer registered has no engine to ask.
+    for name in sorted({m.get("engine") for m in metas} & set(engine_names())):
+        own = [m for m in metas if m.get("engine") == name]
+        configs = {m["config"] for m in own}
+        rows = cells[cells["config"].isin(configs)] if "config" in cells else cells.iloc[0:0]
+        out += get_engine(name).findings(rows, own)
+    return out
