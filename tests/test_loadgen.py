@@ -335,3 +335,37 @@ def test_measured_streams_ask_for_special_tokens_text_where_the_engine_takes_it(
     _, bodies = _run_scripted([(0, _CHUNKED_HEAD + _frame(_event(" a", "length") + _USAGE) + b"0\r\n\r\n")],
                               extra_fields=load)
     assert {k: bodies[0][k] for k in load} == load
+
+
+def test_no_request_is_sent_after_the_window_closes():
+    """A stream stamps its send a loop step after it takes a prompt (``asyncio.wait_for`` runs the exchange in a
+    task of its own): the window must stop handing out prompts, let those stamps happen, and only then stamp its
+    end — else a request taken just before the close is sent after it."""
+    import asyncio
+
+    from servesweep.clock import now
+    from servesweep.loadgen import WindowPlan
+    from servesweep.loadgen.windows import WindowState
+
+    async def one_cell() -> tuple[list[float], float]:
+        window = WindowState(WindowPlan(warmup_s=0.0, warmup_requests=0, measure_s=0.02, measure_requests=0,
+                                        max_s=1.0), None, None)
+        sends: list[float] = []
+
+        async def exchange(rec):
+            rec["send"] = now()
+            await asyncio.sleep(0)
+
+        async def stream():
+            while not window.stop:
+                rec = {}
+                await asyncio.wait_for(exchange(rec), 1.0)
+                sends.append(rec["send"])
+                window.completion(rec)
+
+        await asyncio.gather(window.run(), *(stream() for _ in range(8)))
+        return sends, window.t_end
+
+    for _ in range(30):
+        sends, end = asyncio.run(one_cell())
+        assert sends and max(sends) < end

@@ -79,10 +79,11 @@ class WindowState:
         self.completed = 0
         self.completed_in_window = 0
         self.capped = False
+        self.closing = False
 
     @property
     def stop(self) -> bool:
-        return self.t_end is not None
+        return self.closing or self.t_end is not None
 
     def completion(self, rec: dict) -> None:
         self.completed += 1
@@ -90,8 +91,14 @@ class WindowState:
             self.completed_in_window += 1
 
     async def run(self, counts: Callable[[], tuple[int, int]] | None = None,
-                  publish_start: Callable[[float], None] | None = None) -> None:
-        """Open and close the window; ``counts`` reads (completed, completed in window) kept by worker processes."""
+                  publish_start: Callable[[float], None] | None = None,
+                  publish_stop: Callable[[], None] | None = None) -> None:
+        """Open and close the window; ``counts`` reads (completed, completed in window) kept by worker processes,
+        ``publish_stop`` tells them to stop sending.
+
+        Closing stops handing out requests first and stamps the window's end only after the requests already handed
+        out have stamped their send (a stream stamps it a loop step after it takes its prompt), so no request is
+        sent after the window's end."""
         plan = self.plan
         self.t_cell = now()
 
@@ -111,8 +118,16 @@ class WindowState:
                     self.capped = True
                     break
                 await asyncio.sleep(self.POLL_S)
-        finally:
+        except BaseException:
             self.t_end = now()  # also on failure: the streams must stop sending
+            raise
+        self.closing = True
+        if publish_stop is not None:
+            publish_stop()
+            await asyncio.sleep(self.POLL_S)  # worker processes look at the stop flag before each send
+        for _ in range(2):
+            await asyncio.sleep(0)  # the streams that took a prompt before closing stamp their send now
+        self.t_end = now()
         if self.on_end is not None:
             await self.on_end()
 

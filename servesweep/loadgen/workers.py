@@ -54,7 +54,7 @@ async def run_workers_with_window(spec: LoadSpec, workers: int,
         shared.t_start.value = t
 
     try:
-        await window.run(counts=shared.counts, publish_start=publish)
+        await window.run(counts=shared.counts, publish_start=publish, publish_stop=shared.stop.set)
     finally:
         shared.stop.set()
     return await work
