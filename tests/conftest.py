@@ -1,5 +1,6 @@
 import contextlib
 import copy
+import re
 import sys
 from pathlib import Path
 
@@ -48,3 +49,14 @@ async def loopback_app(app):
         yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
     finally:
         await runner.cleanup()
+
+
+def planned_jobs(output: str) -> list[tuple[str, str]]:
+    """(rule, wildcards) for every job a dry run plans."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule )", output):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if m:
+            wc = re.search(r"wildcards: (.*)", block)
+            jobs.append((m.group(1), wc.group(1).strip() if wc else ""))
+    return jobs

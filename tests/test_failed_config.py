@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import planned_jobs
+
 from servesweep import bench
 from servesweep.bench import JobInputs, run_launch
 from servesweep.blocks import LaunchFiles, collect
@@ -253,16 +255,6 @@ def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
                           cwd=work, capture_output=True, text=True, timeout=900)
 
 
-def _planned(output: str) -> list[tuple[str, str]]:
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule )", output):
-        m = re.match(r"(?:local)?rule (\w+):", block)
-        if m:
-            wc = re.search(r"wildcards: (.*)", block)
-            jobs.append((m.group(1), wc.group(1).strip() if wc else ""))
-    return jobs
-
-
 @pytest.mark.e2e
 def test_a_sweep_with_a_failing_config_still_reports(tmp_path):
     work = tmp_path / "workflow"
@@ -303,8 +295,8 @@ def test_a_sweep_with_a_failing_config_still_reports(tmp_path):
         assert "fatal: injected failure at start-up" in (Path(work / f["attempt_dir"]) / "server.log").read_text()
 
     # Its outputs exist, so nothing is planned again; the report's command plans the failed launches only.
-    assert _planned(_snakemake(work, "-n", "report").stdout) == []
-    planned = _planned(_snakemake(work, "-n", *again.split()[1:]).stdout)
+    assert planned_jobs(_snakemake(work, "-n", "report").stdout) == []
+    planned = planned_jobs(_snakemake(work, "-n", *again.split()[1:]).stdout)
     assert sorted(j for j in planned if j[0] == "bench_config") == sorted(
         ("bench_config", f"cfg={f}, block={b}") for f in ("broken", "flaky")
         for b in [x["block"] for x in metas[f]["failed_blocks"]])

@@ -2,7 +2,6 @@
 then the incremental-rerun contract checked on the dry-run plan."""
 import copy
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import planned_jobs
 from report_browser import decode_data_uri, find_chromium, render_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,17 +55,6 @@ def snakemake(workdir: Path, *args, check=True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
-
-
-def planned_jobs(output: str) -> list[tuple[str, str]]:
-    """(rule, wildcards) for every job a dry run plans."""
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule )", output):
-        m = re.match(r"(?:local)?rule (\w+):", block)
-        if m:
-            wc = re.search(r"wildcards: (.*)", block)
-            jobs.append((m.group(1), wc.group(1).strip() if wc else ""))
-    return jobs
 
 
 @pytest.fixture(scope="module")
