@@ -63,9 +63,8 @@ def gain(repeats: pd.DataFrame, baseline: str, column: str) -> pd.DataFrame:
             paired_sd = float(d.std(ddof=1))
             unpaired_sd = math.sqrt(float(la.var(ddof=1)) + float(lb.var(ddof=1)))
             paired_mde = decide.detectable(paired_sd / math.sqrt(n), n - 1, 0.05, 0.8) - 1
-            va, vb = la.var(ddof=1) / n, lb.var(ddof=1) / n
-            welch_df = (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / (n - 1)) if va + vb > 0 else 2 * n - 2
-            unpaired_mde = decide.detectable(math.sqrt(va + vb), welch_df, 0.05, 0.8) - 1
+            welch = decide.unpaired(a.loc[common, "value"], b.loc[common, "value"])
+            unpaired_mde = decide.detectable(welch.se, welch.df, 0.05, 0.8) - 1
             split = [k for k in common if a.loc[k, "run"] != b.loc[k, "run"]]
             out.append({"config": cfg, **dict(zip(KEYS, key)), "blocks": n, "ratio": math.exp(d.mean()),
                         "paired_cv_pct": 100 * paired_sd, "unpaired_cv_pct": 100 * unpaired_sd,
