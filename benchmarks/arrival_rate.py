@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from servesweep import stats  # noqa: E402
-from servesweep.loadgen import ArrivalPlan, LoadSpec, Prompt, TextPrompts, WindowPlan, run_load  # noqa: E402
+from servesweep.loadgen import ArrivalPlan, LoadSpec, Prompt, WindowPlan, run_load  # noqa: E402
+from servesweep.workloads import TextPrompts  # noqa: E402
 
 # The embedded default's highest rate (config/config.yaml: ar's request_rates) and higher ones.
 DEFAULT_RATES = (0.5, 1.0, 10.0, 50.0, 200.0, 500.0)

@@ -515,7 +515,8 @@ async def _measure_launch(server, engine, sc, concurrency: int, output_tokens: i
     import aiohttp
 
     from servesweep.lifecycle import wait_until_ready
-    from servesweep.loadgen import LoadSpec, SyntheticPrompts, WindowPlan, corpus_text, run_load
+    from servesweep.loadgen import LoadSpec, WindowPlan, run_load
+    from servesweep.workloads import SyntheticPrompts, corpus_text
     from servesweep.stats import window_stats
 
     await wait_until_ready(server, engine, sc, timeout_s=20, poll_s=0.05)

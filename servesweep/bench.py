@@ -32,13 +32,13 @@ from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, fa
                                        remeasure_command)
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
                                   tail_lines, wait_until_ready)
-from servesweep.loadgen import (ArrivalPlan, LoadSpec, Prompt, SyntheticPrompts, TextPrompts, WindowPlan,
-                                corpus_text, run_load)
+from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
 from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
 from servesweep.progress import CellProgress
 from servesweep.slo import SLO
 from servesweep.warmup import cache_growth, cache_snapshot
 from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
+from servesweep.workloads import get_workload, intended_hit_rate
 
 log = logging.getLogger(__name__)
 
@@ -152,33 +152,18 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, matrix: Matrix) -> tuple[dict, dict]:
-    """The prompt source of every (workload, ctx) and the description of each real-text sample."""
+    """The prompt source of every (workload, ctx), each workload's own (``Workload.prompt_sets``), and the
+    description of each workload that records one."""
     async def tok(text: str) -> list[int]:
         return await engine.tokenize(session, base, text)
 
     sources: dict = {}
     described: dict = {}
-    synthetic = [c for c in matrix.context_lengths] if "synthetic" in matrix.workloads else []
-    if synthetic:
-        corpus = await tok(corpus_text(max(256, int(max(synthetic) * 1.3) + 64), seed=17))
-        for ctx in synthetic:
-            sources[("synthetic", ctx)] = await SyntheticPrompts.build(
-                tok, corpus, ctx, output_tokens=matrix.output_tokens if matrix.output_jitter else None,
-                output_jitter=matrix.output_jitter)
-    real = [w for w in matrix.workloads if w != "synthetic"]
-    if real:
-        from servesweep.workloads import sample_workload
-
-        async def count(text: str) -> int:
-            return len(await tok(text))
-
-        for name in real:
-            sample = await sample_workload(name, matrix.real_text["pool"], matrix.real_text["seed"], count,
-                                           output_tokens_cap=matrix.output_tokens, rules=matrix.real_text["rules"],
-                                           context_len=matrix.real_text["max_prompt_tokens"] + matrix.output_tokens)
-            sources[(name, 0)] = TextPrompts(tuple(Prompt(r.prompt, r.output_tokens, r.source_id)
-                                                   for r in sample.requests))
-            described[name] = {**sample.description, "lengths": sample.length_summary()}
+    for name in matrix.workloads:
+        made = await get_workload(name).prompt_sets(matrix, tok)
+        sources.update({(name, ctx): source for ctx, source in made.sources.items()})
+        if made.description is not None:
+            described[name] = made.description
     return sources, described
 
 
@@ -246,6 +231,7 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     """
     base = server.base_url
     closed = key.closed
+    workload = get_workload(key.workload)
     conc = int(key.concurrency) if closed else matrix.max_concurrency
     arrivals = None if closed else ArrivalPlan(rate=key.request_rate, arrival=matrix.arrival,
                                                burstiness=matrix.burstiness, max_concurrency=matrix.max_concurrency,
@@ -286,7 +272,7 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
         raise CellServerDied(row, f"the server exited during {key.workload} ctx={key.ctx} {_shown(key)} repeat "
                                   f"{key.repeat} (exit code {server.proc.poll()}); last log lines:\n"
                                   + tail_lines(server.log_path, 20))
-    columns["requested_prompt_tokens"] = key.ctx if key.workload == "synthetic" else math.nan
+    columns["requested_prompt_tokens"] = workload.requested_prompt_tokens(key.ctx)
     if not closed:
         columns["max_concurrency"] = matrix.max_concurrency
     return row
@@ -327,8 +313,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 # Every repeat of a cell sends the same prompts (its repeats then differ by measurement noise, not by
                 # which real-text prompts were drawn), each under a tag of its own so none hits the prefix cache.
                 tag = rep * len(cells) + k + 1
-                source = sources[(workload, ctx)]
-                source = replace(source, tag=tag, **({"offset": k * 101} if isinstance(source, TextPrompts) else {}))
+                source = get_workload(workload).for_cell(sources[(workload, ctx)], tag, k)
                 closed = load == "concurrency"
                 key = CellKey(workload, ctx, load, int(level) if closed else math.nan,
                               math.nan if closed else level, rep)

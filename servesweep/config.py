@@ -14,7 +14,7 @@ import yaml
 
 from servesweep.engines import engine_names, get_engine
 from servesweep.plan import SCHEMA_RESOURCE, Matrix, ServerConfig, fill_defaults, raw_schema
-from servesweep.workloads import most_requests
+from servesweep.workloads import get_workload, workload_names
 
 __all__ = ["SCHEMA_RESOURCE", "ConfigError", "Matrix", "ServerConfig", "apply_defaults", "check_config", "load_yaml",
            "schema"]
@@ -39,13 +39,22 @@ def _dotted(path) -> str:
     return ".".join(parts).replace(".[", "[") or "<top level>"
 
 
-@functools.lru_cache(maxsize=None)
 def schema() -> dict:
-    """The config's JSON schema, with the engine registry's names as the ``server_configs.*.engine`` enum and each
+    """The config's JSON schema, with the engine registry's names as the ``server_configs.*.engine`` enum, the
+    workload registry's as the ``workloads`` enums (``matrix.workloads``, ``server_configs.*.workloads``), and each
     engine's ``settings_schema`` as its block under ``engines`` (the registry is their one list). Read-only: callers
     that change it must copy it first."""
+    return _schema(tuple(workload_names()))
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(names: tuple[str, ...]) -> dict:
+    """The schema for the workload registry's ``names`` (a workload registered later gets a schema of its own)."""
     full = copy.deepcopy(raw_schema())
-    full["properties"]["server_configs"]["additionalProperties"]["properties"]["engine"]["enum"] = engine_names()
+    server = full["properties"]["server_configs"]["additionalProperties"]["properties"]
+    server["engine"]["enum"] = engine_names()
+    for workloads in (server["workloads"], full["properties"]["matrix"]["properties"]["workloads"]):
+        workloads["items"]["enum"] = list(names)
     engines = full["properties"]["engines"]
     engines["properties"] = {name: copy.deepcopy(get_engine(name).settings_schema) for name in engine_names()}
     engines["additionalProperties"] = False
@@ -149,6 +158,12 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
             problems.append((f"matrix.{key}", "has duplicate values", "list each value once"))
     problems += _rate_problems(matrix, configs)
     problems += _pool_problems(matrix, configs)
+    if typed_matrix is not None:
+        used = dict.fromkeys([*typed_matrix.workloads, *(w for sc in configs.values() if isinstance(sc, dict)
+                                                         for w in sc.get("workloads") or [])])
+        for workload in used:
+            if workload in workload_names():
+                problems += get_workload(workload).problems(typed_matrix)
     return problems
 
 
@@ -170,7 +185,7 @@ def _pool_problems(matrix: dict, configs: dict) -> list[tuple[str, str, str]]:
             users.setdefault(workload, []).append(name if own else "")
     problems = []
     for workload, names in users.items():
-        size = most_requests(workload)
+        size = get_workload(workload).most_requests() if workload in workload_names() else None
         if size is None or pool <= size[0]:
             continue
         count, what = size

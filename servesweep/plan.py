@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from servesweep.slo import SLO, slos_from_config
+from servesweep.workloads import get_workload
 
 # The schema ships inside the package (an installed wheel has no repository to read it from).
 SCHEMA_RESOURCE = importlib.resources.files("servesweep.data") / "schema.yaml"
@@ -83,6 +84,11 @@ class Matrix:
     arrival_seed: int
     output_jitter: float
     client_workers_max: int | str
+    # The endpoint of the workloads that can send either (``Workload.endpoints``): "completions" or "chat".
+    endpoint: str
+    shared_prefix: dict
+    # A cell whose achieved prefix-cache hit rate falls this far below the rate its workload intended is flagged.
+    prefix_reuse_tolerance: float
 
     @classmethod
     def from_config(cls, matrix: dict, workloads: list[str] | None = None,
@@ -113,6 +119,9 @@ class Matrix:
             arrival_seed=int(matrix["arrival_seed"]),
             output_jitter=float(matrix["output_jitter"]),
             client_workers_max=matrix["client_workers_max"],
+            endpoint=str(matrix["endpoint"]),
+            shared_prefix=dict(matrix["shared_prefix"]),
+            prefix_reuse_tolerance=float(matrix["prefix_reuse_tolerance"]),
         )
 
     def most_client_workers(self, concurrency: int, cpus: int | None = None) -> int:
@@ -132,16 +141,15 @@ class Matrix:
         return int(round(self.warmup_per_concurrency * concurrency))
 
     def longest_prompt(self) -> int:
-        """The longest prompt any cell can send, in tokens."""
-        longest = max(self.context_lengths) if "synthetic" in self.workloads else 0
-        return max(longest, self.real_text["max_prompt_tokens"] if set(self.workloads) - {"synthetic"} else 0)
+        """The longest prompt any cell can send, in tokens (each workload says its own)."""
+        return max(get_workload(w).longest_prompt(self) for w in self.workloads)
 
     def _prompt_sets(self) -> list[tuple[str, int]]:
-        return [(w, ctx) for w in self.workloads for ctx in (self.context_lengths if w == "synthetic" else [0])]
+        return [(w, ctx) for w in self.workloads for ctx in get_workload(w).prompt_lengths(self)]
 
     def cells(self) -> list[tuple[str, int, int]]:
-        """(workload, ctx, C) of every closed-loop cell; real-text workloads have their own prompt lengths, keyed
-        ctx = 0."""
+        """(workload, ctx, C) of every closed-loop cell; ``ctx`` is the workload's key of its prompt set
+        (``Workload.prompt_lengths``: a synthetic prompt length, or 0 for prompts of their own lengths)."""
         return [(w, ctx, c) for w, ctx in self._prompt_sets() for c in self.concurrencies]
 
     def rate_cells(self) -> list[tuple[str, int, float]]:

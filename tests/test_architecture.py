@@ -14,7 +14,7 @@ PACKAGE = ROOT / "servesweep"
 ENGINE_NAMES_ALLOWED = {
     # RULES keys name the ShareGPT filters of the peer benchmark clients (vLLM's and SGLang's bench tools), not
     # the engines servesweep launches.
-    "servesweep/workloads.py",
+    "servesweep/workloads/sharegpt.py",
     # Copied into every bundle and run with a bare Python before servesweep is installed, so it cannot ask the
     # registry; it carries the llama.cpp sources the embedded default builds and runs that engine's build module.
     "servesweep/bundle.py",

@@ -13,7 +13,8 @@ from aiohttp import web
 from conftest import loopback_app
 
 from servesweep import aggregate, stats
-from servesweep.loadgen import LoadSpec, Prompt, TextPrompts, WindowPlan, run_load
+from servesweep.loadgen import LoadSpec, Prompt, WindowPlan, run_load
+from servesweep.workloads import TextPrompts
 from servesweep import decide
 from servesweep.report import anomalies
 from fake_stream import stream_completion
@@ -297,7 +298,7 @@ def test_steady_state_cell_windows_and_callbacks():
 
 
 def test_synthetic_prompts_are_exact_unique_and_the_same_in_every_config():
-    from servesweep.loadgen import SyntheticPrompts
+    from servesweep.workloads import SyntheticPrompts
 
     async def tokenize(text):  # one id per character: enough to check lengths and tags
         return [ord(ch) for ch in text]
@@ -345,7 +346,7 @@ def test_other_cpu_share():
 
 
 def test_output_jitter_spreads_lengths_the_same_way_in_every_config():
-    from servesweep.loadgen import SyntheticPrompts
+    from servesweep.workloads import SyntheticPrompts
 
     plain = SyntheticPrompts((1,), tuple((d,) for d in range(10)), (2,), (3,), tuple(range(100, 200)), 32, tag=5)
     assert {plain.get(i).output_tokens for i in range(50)} == {None}  # the spec's output_tokens

@@ -14,7 +14,8 @@ from conftest import loopback_app
 
 from servesweep import aggregate, bench, stats
 from servesweep.config import ConfigError, Matrix, ServerConfig, check_config
-from servesweep.loadgen import ArrivalPlan, ArrivalSchedule, LoadSpec, Prompt, TextPrompts, WindowPlan, run_load
+from servesweep.loadgen import ArrivalPlan, ArrivalSchedule, LoadSpec, Prompt, WindowPlan, run_load
+from servesweep.workloads import TextPrompts
 from servesweep.report.rate import highest_rate_meeting, rate_section
 from servesweep.slo import SLO
 from fake_stream import stream_completion

