@@ -244,9 +244,11 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
                       max_s=matrix.max_window_s)
     if matrix.flush_cache_between_cells:
         await engine.flush_cache(session, base)
+    endpoint = workload.endpoint(matrix)
+    fields = engine.chat_fields(sc) if endpoint == "chat" else engine.load_fields(sc)
     spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
-                    output_tokens=matrix.output_tokens, temperature=matrix.temperature,
-                    extra_fields=engine.load_fields(sc), request_timeout_s=sc.request_timeout_s,
+                    output_tokens=matrix.output_tokens, temperature=matrix.temperature, endpoint=endpoint,
+                    extra_fields=fields, request_timeout_s=sc.request_timeout_s,
                     chunk_tokens=engine.chunk_tokens, chunks_are_tokens=engine.chunks_are_tokens(sc), label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
                     window=plan, prompt_source=source, arrivals=arrivals)
     name = f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}"
@@ -273,6 +275,7 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
                                   f"{key.repeat} (exit code {server.proc.poll()}); last log lines:\n"
                                   + tail_lines(server.log_path, 20))
     columns["requested_prompt_tokens"] = workload.requested_prompt_tokens(key.ctx)
+    columns["endpoint"] = endpoint
     if not closed:
         columns["max_concurrency"] = matrix.max_concurrency
     return row

@@ -357,6 +357,12 @@ class Engine(abc.ABC):
         engine adds for measured streams only (the correctness checks do not send them)."""
         return self.request_fields(sc)
 
+    def chat_fields(self, sc: ServerConfig) -> dict:
+        """Extra JSON fields for the load generator's streamed /v1/chat/completions (the server applies the model's
+        chat template): by default the completions ones (:meth:`load_fields`), for an engine whose chat requests take
+        the same fields."""
+        return self.load_fields(sc)
+
     def chunk_tokens(self, chunk: dict) -> int | None:
         """Tokens carried by one streamed chunk, when the engine says; None means count one per text delta."""
         return None

@@ -196,6 +196,10 @@ class LlamaCppEngine(Engine):
     def request_fields(self, sc):
         return {"ignore_eos": True, "cache_prompt": False}
 
+    # chat_fields: the base's, these same fields: llama-server's /v1/chat/completions passes them to the completion
+    # (a streamed chat of this build, tests/test_workloads_server.py); its chat template is the GGUF's, applied with
+    # jinja, which this build enables by default (`--jinja`, "default: enabled" in its --help).
+
     def host_version(self, prepared, stack):
         if prepared.get("version"):
             return {"version": prepared["version"], "binary": prepared.get("binary")}

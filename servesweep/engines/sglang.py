@@ -512,6 +512,9 @@ class SGLangEngine(Engine):
         # streams their text too, so a chunk that holds only special tokens still carries text to the client.
         return {**self.request_fields(sc), "skip_special_tokens": False}
 
+    # chat_fields: the base's, these same fields (SGLang's ChatCompletionRequest takes ignore_eos and
+    # skip_special_tokens as its CompletionRequest does).
+
     # --- logs and metrics --------------------------------------------------------------------------------
     def parse_log(self, text):
         return parse_sglang_log(text)

@@ -213,6 +213,9 @@ class VLLMEngine(Engine):
         # streams their text too, so a chunk that holds only special tokens still carries text to the client.
         return {**self.request_fields(sc), "skip_special_tokens": False}
 
+    # chat_fields: the base's, these same fields (vLLM's ChatCompletionRequest takes ignore_eos and
+    # skip_special_tokens as its CompletionRequest does).
+
     def parse_log(self, text):
         """Events of a vLLM server log: the periodic stats lines, failures and the start-up milestones.
 

@@ -182,6 +182,11 @@ class StreamedResponse(asyncio.BufferedProtocol):
         return stamps, payloads
 
 
+# The OpenAI-compatible endpoints a cell can send to: completions (a prompt) and chat (messages; the server applies
+# the model's chat template).
+ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
 @dataclass(frozen=True)
 class Target:
     """Where the measured requests go, resolved once so that no request waits on name resolution."""
@@ -196,18 +201,19 @@ class Target:
     read_buffer: memoryview = field(default_factory=lambda: memoryview(bytearray(1 << 16)), compare=False)
 
     @classmethod
-    async def resolve(cls, base_url: str) -> "Target":
-        """The target of ``base_url`` (``http`` or ``https``, with an optional path prefix)."""
+    async def resolve(cls, base_url: str, endpoint: str = "completions") -> "Target":
+        """The target of ``base_url`` (``http`` or ``https``, with an optional path prefix) and ``endpoint`` (a key
+        of :data:`ENDPOINT_PATHS`)."""
         parts = urlsplit(base_url)
         secure = parts.scheme == "https"
         port = parts.port or (443 if secure else 80)
         infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
         addresses = tuple(dict.fromkeys((family, address) for family, _, _, _, address in infos))
         return cls(addresses, ssl_module.create_default_context() if secure else None, parts.hostname,
-                   parts.path.rstrip("/") + "/v1/completions", parts.netloc.rsplit("@", 1)[-1])
+                   parts.path.rstrip("/") + ENDPOINT_PATHS[endpoint], parts.netloc.rsplit("@", 1)[-1])
 
     def request(self, body: bytes) -> bytes:
-        """The HTTP/1.1 POST of ``body`` to the completions path."""
+        """The HTTP/1.1 POST of ``body`` to the endpoint's path."""
         # Connection: close because every request gets a fresh connection: servers close idle keep-alive sockets
         # (llama.cpp does), and a reused stale socket would fail with an error that is not the server's fault.
         return (f"POST {self.path} HTTP/1.1\r\nHost: {self.host_header}\r\nContent-Type: application/json\r\n"

@@ -60,3 +60,6 @@ class LoadSpec:
     # The engine's word that this config streams one chunk per generated token (no speculation, no coalescing;
     # ``Engine.chunks_are_tokens``): a usage count well above the chunks streamed is then a lie (``usage_mismatch``).
     chunks_are_tokens: bool = False
+    # "completions" (a prompt: token ids or text) or "chat" (messages; text becomes one user message): the endpoint
+    # every request of the cell goes to (loadgen.http.ENDPOINT_PATHS).
+    endpoint: str = "completions"

@@ -75,25 +75,40 @@ def fixed_length(spec: LoadSpec, max_tokens: int | None = None) -> bool:
 
 
 def _request_payload(spec: LoadSpec, prompt) -> tuple[dict, int | None]:
-    """The completion request's JSON for ``prompt`` (ids, text or a ``Prompt``), and its prompt length in ids."""
+    """The request's JSON for ``prompt`` (ids, text, chat messages or a ``Prompt``), and its prompt length in ids.
+
+    To the chat endpoint, text is sent as one user message and messages as they are; token ids cannot be (the
+    server applies the chat template to text), which is a ValueError.
+    """
     if isinstance(prompt, Prompt):
         payload, out_tokens = prompt.payload, prompt.output_tokens or spec.output_tokens
     else:
         payload, out_tokens = prompt, spec.output_tokens
+    if spec.endpoint == "chat":
+        if isinstance(payload, str):
+            payload = [{"role": "user", "content": payload}]
+        elif not (isinstance(payload, list) and payload and all(isinstance(m, dict) for m in payload)):
+            raise ValueError("the chat endpoint takes text or messages, not token ids: send this workload to "
+                             "completions")
+        field = "messages"
+    else:
+        if isinstance(payload, list) and payload and isinstance(payload[0], dict):
+            raise ValueError("chat messages go to the chat endpoint, not completions")
+        field = "prompt"
     body = {
         "model": spec.model,
-        "prompt": payload,
+        field: payload,
         "max_tokens": out_tokens,
         "temperature": spec.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
         **spec.extra_fields,
     }
-    return body, (len(payload) if isinstance(payload, list) else None)
+    return body, (len(payload) if field == "prompt" and isinstance(payload, list) else None)
 
 
 async def stream_one(target: Target, spec: LoadSpec, prompt, index: int) -> dict:
-    """Send one streaming completion; record send time, every chunk's arrival and token count, usage, errors.
+    """Send one streaming request to the spec's endpoint; record send time, every chunk's arrival and token count, usage, errors.
 
     The request succeeds (``error`` None) only when its stream completed: a 200 event stream that ends with
     ``[DONE]``, gave a finish reason and at least one token, and — for a fixed-length request — as many tokens as
@@ -103,14 +118,18 @@ async def stream_one(target: Target, spec: LoadSpec, prompt, index: int) -> dict
 
     Besides the timings, the record keeps what tells such streams apart afterwards: ``finish_reason`` (None when no
     choice gave one), ``usage_completion_tokens`` (the usage event's count, None without one; ``completion_tokens``
-    falls back to the token chunks) and ``empty_chunks`` (choices whose chunk carried no text).
+    falls back to the token chunks) and ``empty_chunks`` (choices whose chunk carried no text). A chat stream's
+    reasoning chunks are token chunks like its answer's (``reasoning_chunks`` counts them, ``reasoning_text`` keeps
+    their text apart from ``text``). A :class:`Prompt`'s ``source`` and ``shared_prefix_tokens`` are kept too.
     """
     payload, prompt_ids = _request_payload(spec, prompt)
-    rec: dict = {"index": index, "requested_prompt_tokens": prompt_ids,
+    rec: dict = {"index": index, "endpoint": spec.endpoint, "requested_prompt_tokens": prompt_ids,
                  "requested_output_tokens": payload["max_tokens"], "send": now(), "chunks": [],
                  "prompt_tokens": None, "completion_tokens": None, "usage_completion_tokens": None,
                  "finish_reason": None, "empty_chunks": 0, "error": None, "error_kind": None, "text": "",
-                 "done": False}
+                 "reasoning_chunks": 0, "done": False}
+    if isinstance(prompt, Prompt):
+        rec["source"], rec["shared_prefix_tokens"] = prompt.source, prompt.shared_prefix_tokens
     response = StreamedResponse(target.request(json.dumps(payload).encode()), asyncio.get_running_loop(),
                                 target.read_buffer)
 
@@ -192,7 +211,7 @@ def _read_events(rec: dict, response: StreamedResponse, chunk_tokens: Callable[[
         _fail(rec, "malformed_sse", f"event stream has a data line that is not one JSON object: "
                                     f"{bad[:200].decode('utf-8', 'replace')!r}")
         return False
-    text_parts = []
+    text_parts, reasoning_parts = [], []
     counted = False
     for (t, _), chunk in zip(kept, chunks):
         if "error" in chunk:
@@ -202,10 +221,18 @@ def _read_events(rec: dict, response: StreamedResponse, chunk_tokens: Callable[[
         usage = chunk.get("usage")
         if usage:
             rec["prompt_tokens"] = usage.get("prompt_tokens")
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                # the OpenAI field, where the server reports it: prompt tokens served from its prefix cache
+                rec["cached_prompt_tokens"] = details["cached_tokens"]
             rec["completion_tokens"] = rec["usage_completion_tokens"] = usage.get("completion_tokens")
             counted = counted or rec["completion_tokens"] is not None
         for choice in chunk.get("choices") or []:
-            piece = choice.get("text") or ""
+            answer, reasoning = _choice_text(choice)
+            if reasoning:
+                rec["reasoning_chunks"] += 1
+                reasoning_parts.append(reasoning)
+            piece = answer + reasoning
             if not piece:
                 rec["empty_chunks"] += 1
             n = chunk_tokens(chunk)
@@ -215,11 +242,25 @@ def _read_events(rec: dict, response: StreamedResponse, chunk_tokens: Callable[[
                 counted = True
             if n:
                 rec["chunks"].append((t, n))
-                text_parts.append(piece)
+                text_parts.append(answer)
             if choice.get("finish_reason"):
                 rec["finish_reason"] = choice["finish_reason"]
     rec["text"] = "".join(text_parts)
+    if reasoning_parts:
+        rec["reasoning_text"] = "".join(reasoning_parts)
     return counted
+
+
+def _choice_text(choice: dict) -> tuple[str, str]:
+    """(answer text, reasoning text) of one streamed choice: a completion's ``text``, or a chat chunk's
+    ``delta.content`` and its reasoning (``delta.reasoning_content``, or ``delta.reasoning`` as newer servers name
+    it). A chunk of either kind is a token chunk, so TTFT is the first streamed token of any kind and a model's
+    reasoning is never charged to prefill."""
+    if "delta" not in choice:
+        return choice.get("text") or "", ""
+    delta = choice.get("delta") or {}
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+    return delta.get("content") or "", reasoning if isinstance(reasoning, str) else ""
 
 
 def _is_json_object(payload: bytes) -> bool:

@@ -145,7 +145,7 @@ async def run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] | 
     In a steady-state cell, prompts come from ``spec.prompt_source``; ``window`` (in the process that owns it)
     or ``shared`` (counters and the stop flag of a worker process) decide when to stop sending.
     """
-    target = await Target.resolve(spec.base_url)
+    target = await Target.resolve(spec.base_url, spec.endpoint)
     if spec.warmup_prompts:
         await asyncio.gather(*(stream_one(target, spec, p, -1 - i) for i, p in enumerate(spec.warmup_prompts)))
     if before_measuring is not None:
