@@ -38,7 +38,7 @@ from servesweep.progress import CellProgress
 from servesweep.slo import SLO
 from servesweep.warmup import cache_growth, cache_snapshot
 from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
-from servesweep.workloads import get_workload, intended_hit_rate
+from servesweep.workloads import get_workload, intended_hit_rate, reachable_hit_rate
 
 log = logging.getLogger(__name__)
 
@@ -242,10 +242,10 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     plan = WindowPlan(warmup_s=matrix.warmup_s, warmup_requests=warm, measure_s=matrix.measure_s,
                       measure_requests=matrix.requests_for(conc) if closed else matrix.min_requests,
                       max_s=matrix.max_window_s)
-    if matrix.flush_cache_between_cells:
-        await engine.flush_cache(session, base)
+    flushed = await engine.flush_cache(session, base) if matrix.flushes_cache(key.workload) else None
     endpoint = workload.endpoint(matrix)
-    fields = engine.chat_fields(sc) if endpoint == "chat" else engine.load_fields(sc)
+    fields = {**(engine.chat_fields(sc) if endpoint == "chat" else engine.load_fields(sc)),
+              **engine.cache_fields(sc, workload.reuses_prefixes)}
     spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
                     output_tokens=matrix.output_tokens, temperature=matrix.temperature, endpoint=endpoint,
                     extra_fields=fields, request_timeout_s=sc.request_timeout_s,
@@ -276,9 +276,31 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
                                   + tail_lines(server.log_path, 20))
     columns["requested_prompt_tokens"] = workload.requested_prompt_tokens(key.ctx)
     columns["endpoint"] = endpoint
+    columns["cache_flushed"] = math.nan if flushed is None else flushed
+    cell_records = [r for r in records if r.get("phase") != "client-bound"]
+    columns.update(prefix_reuse_columns(workload, cell_records, columns, matrix.prefix_reuse_tolerance))
     if not closed:
         columns["max_concurrency"] = matrix.max_concurrency
     return row
+
+
+def prefix_reuse_columns(workload, records: list[dict], columns: dict, tolerance: float) -> dict:
+    """The reuse a cell's workload intended against what the server's prefix cache achieved, over the cell's
+    measured requests (``records``: the cell's, warm-up and drain included): ``intended_hit_rate`` (from their
+    ``shared_prefix_tokens``), ``reachable_hit_rate`` (only where a request of the same group had streamed its first
+    token before the request was sent), ``usage_cached_hit_rate`` (usage's cached tokens, where the server reports
+    them) and ``prefix_reuse_missed`` — a workload that means to reuse prefixes whose achieved rate (the engine's
+    counters, ``prefix_cache_hit_rate``) is more than ``tolerance`` below the intended one."""
+    measured = [r for r in records if r.get("phase") == "measured"]
+    intended = intended_hit_rate(measured)
+    cached = [r for r in measured if isinstance(r.get("cached_prompt_tokens"), int) and r.get("prompt_tokens")]
+    out = {"intended_hit_rate": intended, "reachable_hit_rate": reachable_hit_rate(records, measured),
+           "usage_cached_hit_rate": (sum(r["cached_prompt_tokens"] for r in cached)
+                                     / sum(r["prompt_tokens"] for r in cached)) if cached else math.nan}
+    achieved = columns.get("prefix_cache_hit_rate", math.nan)
+    out["prefix_reuse_missed"] = bool(workload.reuses_prefixes and intended > 0 and achieved == achieved
+                                      and achieved < intended - tolerance)
+    return out
 
 
 def _shown(key: CellKey) -> str:

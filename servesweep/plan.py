@@ -156,6 +156,13 @@ class Matrix:
         """(workload, ctx, request rate) of every open-loop cell."""
         return [(w, ctx, r) for w, ctx in self._prompt_sets() for r in self.request_rates]
 
+    def flushes_cache(self, workload: str | None = None) -> bool:
+        """Whether the bench job flushes the server's prefix cache before a cell (of ``workload``; of any of the
+        matrix's workloads when None): always with ``flush_cache_between_cells``, and before every cell of a workload
+        that means to reuse prefixes (``Workload.reuses_prefixes``), so that no cell is served from another's."""
+        names = self.workloads if workload is None else [workload]
+        return self.flush_cache_between_cells or any(get_workload(w).reuses_prefixes for w in names)
+
     def rate_warmup_requests(self) -> int:
         """Requests a rate cell must complete before its window opens: ``warmup.requests_per_concurrency`` (a
         rate cell has no C to multiply by), at least one, so the window opens on a server that has answered."""

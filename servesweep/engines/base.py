@@ -133,6 +133,9 @@ class Engine(abc.ABC):
     metrics_path: str | None = "/metrics"
     # The /metrics counter of generated (output) tokens the usage counts are checked against; None: not exposed.
     generated_tokens_metric: str | None = None
+    # The /metrics counters of the prefix cache: (prompt tokens served from it, prompt tokens, whether the second
+    # counts the first too); None: the engine exposes none. Cells get the hit rate over their window from them.
+    prefix_cache_metrics: tuple[str, str, bool] | None = None
     # structured option -> (flag, kind). kind: value | flag (switch when true) | onoff | json | special
     # (``special_argv`` spells it).
     options: dict[str, tuple[str, str]] = {}
@@ -341,8 +344,13 @@ class Engine(abc.ABC):
             return (await resp.json(content_type=None))["tokens"]
 
     async def flush_cache(self, session: aiohttp.ClientSession, base_url: str) -> bool:
-        """Drop the server's prefix cache where the engine offers it; False when it does not."""
+        """Drop the server's prefix cache where the engine offers it; False when it does not (or it refused)."""
         return False
+
+    def cache_fields(self, sc: ServerConfig, reuse: bool) -> dict:
+        """Fields a request adds so that the server's prefix cache may serve it (``reuse``: its workload means to
+        share prefixes) or not; none by default (an engine whose cache is a server option)."""
+        return {}
 
     def needs_client_warmup(self, sc: ServerConfig) -> bool:
         """True when the config tells the server to skip its own warm-up, so the client must warm it up."""
@@ -391,9 +399,12 @@ class Engine(abc.ABC):
         warnings = [w for w in (promtext.problem(metrics_before), promtext.problem(metrics_after)) if w]
         if warnings:
             out["metrics_warning"] = " | ".join(dict.fromkeys(warnings))
-        elif self.generated_tokens_metric:
-            out.update(usage_vs_engine(promtext.delta(metrics_before, metrics_after), self.generated_tokens_metric,
-                                       requests))
+        else:
+            delta = promtext.delta(metrics_before, metrics_after)
+            if self.generated_tokens_metric:
+                out.update(usage_vs_engine(delta, self.generated_tokens_metric, requests))
+            if self.prefix_cache_metrics:
+                out.update(prefix_cache_columns(delta, *self.prefix_cache_metrics))
         return out
 
     def engine_cell_metrics(self, events: list[LogEvent], metrics_before: str | None, metrics_after: str | None,
@@ -401,6 +412,18 @@ class Engine(abc.ABC):
         """The engine's own cell columns. Engines return at least the ``SPEC_COLUMNS`` (NaN where they do not report
         them), plus ``accept_length`` and ``accept_rate`` when the cell verified drafts."""
         return spec_columns()
+
+
+def prefix_cache_columns(delta: dict, hits_metric: str, prompt_metric: str, prompt_includes_hits: bool) -> dict:
+    """The prefix-cache hit rate over a cell's window from the engine's counters: ``prefix_cache_hit_tokens`` (prompt
+    tokens served from the cache), ``prefix_cache_prompt_tokens`` (all prompt tokens: the prompt counter, plus the
+    hits where it counts only those computed) and ``prefix_cache_hit_rate``; nothing where a counter is missing."""
+    hits, prompt = promtext.total(delta, hits_metric), promtext.total(delta, prompt_metric)
+    if hits is None or prompt is None:
+        return {}
+    total = prompt if prompt_includes_hits else prompt + hits
+    return {"prefix_cache_hit_tokens": hits, "prefix_cache_prompt_tokens": total,
+            "prefix_cache_hit_rate": hits / total if total > 0 else math.nan}
 
 
 # The engine's counter may trail the usage of the requests it finished by the tokens generated between the window's

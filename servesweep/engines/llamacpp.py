@@ -25,6 +25,10 @@ OPTIONS = {
     "cont_batching": ("--cont-batching", "flag"),
     "cache_type_k": ("--cache-type-k", "value"),
     "cache_type_v": ("--cache-type-v", "value"),
+    # The full-size cache of sliding-window layers. Without it this build, serving Gemma-3-270M, reused a shared prefix
+    # only when the next prompt left the last one within its final ~5 tokens; with it, the whole 96-token prefix for
+    # suffixes of 1-12 tokens (docs/workloads.md, "Shared prefixes").
+    "swa_full": ("--swa-full", "flag"),
     "spec_type": ("--spec-type", "value"),
     "draft_model": ("--model-draft", "value"),
     # The vendored llama.cpp of 0.3.36 removed --draft-max / --draft-min ("the argument has been removed. use
@@ -89,6 +93,9 @@ class LlamaCppEngine(Engine):
         "binary": {"type": "string"},
     }}
     generated_tokens_metric = "llamacpp:tokens_predicted_total"
+    # "Number of prompt tokens reused from the cache" and "... processed, excluding cached tokens" (their help texts in
+    # tests/data/llamacpp-0.3.36/ar-metrics-after.txt): the second leaves the hits out.
+    prefix_cache_metrics = ("llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total", False)
     managed_flags = {
         **SERVING_FLAGS,
         "--model": "the config's model file", "-m": "the config's model file", "--alias": "the served name",
@@ -195,6 +202,16 @@ class LlamaCppEngine(Engine):
 
     def request_fields(self, sc):
         return {"ignore_eos": True, "cache_prompt": False}
+
+    def cache_fields(self, sc, reuse):
+        # cache_prompt (default true in llama-server) lets a slot reuse the prompt it last held, and the host prompt
+        # cache (--cache-ram) restore others'; request_fields turns it off for prompts meant to be unique.
+        return {"cache_prompt": bool(reuse)}
+
+    # flush_cache: the base's False. This build has no HTTP way to drop its prompt cache: /slots/{id}?action=erase
+    # answers 501 "This server does not support slots action. Start it with `--slot-save-path`" (measured on the
+    # embedded default's server), and the host prompt cache (--cache-ram) has no endpoint. Cells stay apart by their
+    # tags instead: no two cells share more than a few leading tokens.
 
     # chat_fields: the base's, these same fields: llama-server's /v1/chat/completions passes them to the completion
     # (a streamed chat of this build, tests/test_workloads_server.py); its chat template is the GGUF's, applied with

@@ -276,6 +276,10 @@ class SGLangEngine(Engine):
     name = "sglang"
     label = "SGLang"
     generated_tokens_metric = "sglang:generation_tokens_total"
+    # cached_tokens_total (by cache_source) over prompt_tokens_total, which counts every prompt token, the cached ones
+    # included: in tests/data/sglang-0.5.17-h200/ep_metrics.txt prompt_tokens_total (7 + 10,214) is the realtime
+    # prefill_compute (7,980) plus prefill_cache (2,242) tokens within 1, and cached_tokens_total is 2,242.
+    prefix_cache_metrics = ("sglang:cached_tokens_total", "sglang:prompt_tokens_total", True)
     managed_flags = {
         **SERVING_FLAGS,
         "--model-path": "the config's model", "--model": "the config's model",

@@ -16,6 +16,9 @@ from servesweep import promtext
 from servesweep.engines.base import (SERVING_FLAGS, Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
                                      per_position_columns, spec_counter_columns)
 
+# The variable that makes vLLM's API server register its development routes, /reset_prefix_cache among them.
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
     "tp": ("--tensor-parallel-size", "value"),
@@ -113,6 +116,9 @@ class VLLMEngine(Engine):
     name = "vllm"
     label = "vLLM"
     generated_tokens_metric = "vllm:generation_tokens_total"
+    # "Prefix cache hits, in terms of number of cached tokens" over "Prefix cache queries, in terms of number of
+    # queried tokens" (their help texts in tests/data/vllm-0.26.0-h200/gemma-ngram-metrics-end.prom).
+    prefix_cache_metrics = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", True)
     managed_flags = {
         **SERVING_FLAGS,
         "--model": "the config's model", "--served-model-name": "the served name",
@@ -141,6 +147,12 @@ class VLLMEngine(Engine):
         if spec and int(opts.get("pp", 1)) > 1:
             return [(f"{key}.pp", "vLLM does not run speculative decoding with pipeline parallelism",
                      "set pp: 1, or remove speculative_config")]
+        if matrix is not None and str(sc.env.get(DEV_MODE_ENV)) != "1" and any(
+                matrix.flushes_cache(w) for w in sc.workloads or matrix.workloads):
+            return [(f"server_configs.{sc.name}.env", f"this sweep flushes the prefix cache between cells, which vLLM "
+                     f"allows only with {DEV_MODE_ENV}=1 (POST /reset_prefix_cache is a development endpoint)",
+                     f"set server_configs.{sc.name}.env.{DEV_MODE_ENV}: '1', or leave out "
+                     "matrix.flush_cache_between_cells and the workloads that reuse prefixes")]
         return []
 
     def draft_problems(self, sc):
@@ -207,6 +219,14 @@ class VLLMEngine(Engine):
                                                          **options.get("speculative_config", {}), "model": str(draft)}}
         argv += self.option_argv(options) + sc.extra_args
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
+
+    async def flush_cache(self, session, base_url):
+        # POST /reset_prefix_cache: vLLM registers it among its development routes only, with VLLM_SERVER_DEV_MODE=1
+        # (build_app: `if envs.VLLM_SERVER_DEV_MODE: register_vllm_dev_api_routers(app)`; the route is in
+        # vllm/entrypoints/serve/dev/cache/api_router.py), so engine_problems asks for it where a sweep flushes.
+        # Not run on a server here.
+        async with session.post(base_url + "/reset_prefix_cache") as resp:
+            return resp.status == 200
 
     def load_fields(self, sc):
         # CompletionRequest.skip_special_tokens (default True) leaves special tokens out of the streamed text; False

@@ -14,12 +14,14 @@ class Prompt:
     """One request's prompt: token ids (sent as ids, so the server tokenizes nothing), text, or chat messages
     (``[{"role", "content"}, ...]``, for the chat endpoint), and its output length (None: the spec's
     ``output_tokens``). ``shared_prefix_tokens``: the leading tokens this prompt shares with a request of its cell
-    sent before it — what a prefix cache could serve (0 for a prompt unique from its first tokens)."""
+    sent before it — what a prefix cache could serve (0 for a prompt unique from its first tokens) — and
+    ``prefix_group`` names the prompts that share it."""
 
     payload: list[int] | str | list[dict]
     output_tokens: int | None = None
     source: str = ""
     shared_prefix_tokens: int = 0
+    prefix_group: str = ""
 
 
 class PromptSource(Protocol):

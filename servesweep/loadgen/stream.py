@@ -130,6 +130,8 @@ async def stream_one(target: Target, spec: LoadSpec, prompt, index: int) -> dict
                  "reasoning_chunks": 0, "done": False}
     if isinstance(prompt, Prompt):
         rec["source"], rec["shared_prefix_tokens"] = prompt.source, prompt.shared_prefix_tokens
+        if prompt.prefix_group:
+            rec["prefix_group"] = prompt.prefix_group
     response = StreamedResponse(target.request(json.dumps(payload).encode()), asyncio.get_running_loop(),
                                 target.read_buffer)
 

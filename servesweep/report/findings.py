@@ -86,12 +86,38 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, rule: de
         for r in cells[cells["window_capped"].fillna(False).astype(bool)].itertuples():
             out.append(f"- `{r.config}` {cell_label(r)}: the measured window reached `matrix.measure.max_seconds` "
                        "before enough requests completed; its latency percentiles rest on fewer requests than asked for.")
+    out += prefix_reuse_findings(cells)
     if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
         synthetic = cells[cells.get("workload", "synthetic") == "synthetic"]
         off = synthetic[(synthetic["prompt_tokens_per_request"] - synthetic["requested_prompt_tokens"]).abs() > 2]
         for r in off.itertuples():
             out.append(f"- `{r.config}` ctx={r.ctx}: the server counted {r.prompt_tokens_per_request:.0f} prompt "
                        f"tokens per request for {r.requested_prompt_tokens} requested.")
+    return out
+
+
+def prefix_reuse_findings(cells: pd.DataFrame) -> list[str]:
+    """A line per cell whose workload meant to reuse prefixes: flagged where the server's prefix cache served less
+    than intended (``prefix_reuse_missed``), and where the server counted no hits at all (no hit rate)."""
+    if "intended_hit_rate" not in cells:
+        return []
+    out = []
+    meant = cells[pd.to_numeric(cells["intended_hit_rate"], errors="coerce") > 0]
+    for r in meant.itertuples():
+        achieved = getattr(r, "prefix_cache_hit_rate", math.nan)
+        if pd.isna(achieved):
+            out.append(f"- `{r.config}` {cell_label(r)}: its prompts meant {r.intended_hit_rate:.0%} of their tokens "
+                       "to come from the prefix cache, but the server's metrics gave no prefix-cache counters, so "
+                       "what the cache served is not known.")
+        elif bool(getattr(r, "prefix_reuse_missed", False)):
+            reachable = getattr(r, "reachable_hit_rate", math.nan)
+            reach = ("" if pd.isna(reachable) else
+                     f"; {reachable:.0%} were reachable (a request of the same group had streamed its first token "
+                     "before the request was sent)")
+            out.append(f"- `{r.config}` {cell_label(r)}: the prefix cache served {achieved:.0%} of the prompt tokens "
+                       f"where the workload meant {r.intended_hit_rate:.0%} (`prefix_reuse_missed`){reach}. This cell "
+                       "measured less reuse than it was built for, so its latency is not the shared-prefix case it "
+                       "names.")
     return out
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from servesweep.workloads.base import (ENDPOINTS, NEEDS, SETTING_N, SETTING_RULES, SETTING_WORKLOAD, CountTokens,
                                        MatrixView, PromptSets, RealTextWorkload, TextPrompts, Workload,
-                                       WorkloadRequest, WorkloadSample, intended_hit_rate)
+                                       WorkloadRequest, WorkloadSample, intended_hit_rate,
+                                       reachable_hit_rate)
 from servesweep.workloads.humaneval import HumanEval
+from servesweep.workloads.shared_prefix import SharedPrefix, SharedPrefixPrompts
 from servesweep.workloads.sharegpt import (RULES, SHAREGPT_BYTES, SHAREGPT_COMPLETE_ENTRIES, SHAREGPT_FILENAME,
                                            SHAREGPT_PACKAGE, SHAREGPT_PARTIAL_NOTE, SHAREGPT_SHA256, SHAREGPT_USABLE,
                                            ShareGPT, sharegpt_cache_dir, sharegpt_conversations)
@@ -17,9 +19,9 @@ from servesweep.workloads.synthetic import Synthetic, SyntheticPrompts, corpus_t
 
 __all__ = ["ENDPOINTS", "NEEDS", "RULES", "SETTING_N", "SETTING_RULES", "SETTING_WORKLOAD", "SHAREGPT_BYTES",
            "SHAREGPT_COMPLETE_ENTRIES", "SHAREGPT_FILENAME", "SHAREGPT_PACKAGE", "SHAREGPT_PARTIAL_NOTE",
-           "SHAREGPT_SHA256", "SHAREGPT_USABLE", "MatrixView", "PromptSets", "RealTextWorkload",
-           "SyntheticPrompts", "TextPrompts", "Workload", "WorkloadRequest", "WorkloadSample",
-           "corpus_text", "get_workload", "intended_hit_rate", "most_requests", "real_text_workloads", "register",
+           "SHAREGPT_SHA256", "SHAREGPT_USABLE", "MatrixView", "PromptSets", "RealTextWorkload", "SharedPrefix",
+           "SharedPrefixPrompts", "SyntheticPrompts", "TextPrompts", "Workload", "WorkloadRequest", "WorkloadSample",
+           "corpus_text", "get_workload", "intended_hit_rate", "reachable_hit_rate", "most_requests", "real_text_workloads", "register",
            "sample_workload", "sharegpt_cache_dir", "sharegpt_conversations", "workload_names"]
 
 _REGISTERED: dict[str, Workload] = {}
@@ -41,6 +43,7 @@ def unregister(name: str) -> None:
 register(Synthetic())
 register(ShareGPT())
 register(HumanEval())
+register(SharedPrefix())
 
 
 def workload_names() -> list[str]:

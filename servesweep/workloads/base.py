@@ -114,6 +114,28 @@ def intended_hit_rate(records: list[dict]) -> float:
     return shared / total if total else math.nan
 
 
+def reachable_hit_rate(records: list[dict], measured: list[dict]) -> float:
+    """The share of the prompt tokens of ``measured`` that a prefix cache could have served when each was sent: a
+    request's ``shared_prefix_tokens`` count only where a request of its ``prefix_group`` among ``records`` (the
+    cell's, warm-up included) had streamed its first token — its prompt was in the cache — before it was sent. Two
+    members of a group in flight together cannot both reuse; this is what the client saw, not the server. NaN
+    without a length."""
+    first_token: dict[str, list[float]] = {}
+    for r in records:
+        if r.get("prefix_group") and r.get("chunks"):
+            first_token.setdefault(r["prefix_group"], []).append(r["chunks"][0][0])
+    shared = total = 0
+    for r in measured:
+        length = r.get("prompt_tokens") or r.get("requested_prompt_tokens")
+        if not length:
+            continue
+        total += length
+        group = r.get("prefix_group")
+        if group and r.get("shared_prefix_tokens") and any(t < r["send"] for t in first_token.get(group, ())):
+            shared += r["shared_prefix_tokens"]
+    return shared / total if total else math.nan
+
+
 # ---------------------------------------------------------------------------------------------------- real text
 
 @dataclass(frozen=True)
