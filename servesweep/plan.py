@@ -87,6 +87,7 @@ class Matrix:
     # The endpoint of the workloads that can send either (``Workload.endpoints``): "completions" or "chat".
     endpoint: str
     shared_prefix: dict
+    multi_turn: dict
     # A cell whose achieved prefix-cache hit rate falls this far below the rate its workload intended is flagged.
     prefix_reuse_tolerance: float
 
@@ -121,6 +122,7 @@ class Matrix:
             client_workers_max=matrix["client_workers_max"],
             endpoint=str(matrix["endpoint"]),
             shared_prefix=dict(matrix["shared_prefix"]),
+            multi_turn=dict(matrix["multi_turn"]),
             prefix_reuse_tolerance=float(matrix["prefix_reuse_tolerance"]),
         )
 
@@ -153,8 +155,9 @@ class Matrix:
         return [(w, ctx, c) for w, ctx in self._prompt_sets() for c in self.concurrencies]
 
     def rate_cells(self) -> list[tuple[str, int, float]]:
-        """(workload, ctx, request rate) of every open-loop cell."""
-        return [(w, ctx, r) for w, ctx in self._prompt_sets() for r in self.request_rates]
+        """(workload, ctx, request rate) of every open-loop cell; a workload that runs closed-loop only
+        (``Workload.open_loop`` false: simulated users) has none."""
+        return [(w, ctx, r) for w, ctx in self._prompt_sets() if get_workload(w).open_loop for r in self.request_rates]
 
     def flushes_cache(self, workload: str | None = None) -> bool:
         """Whether the bench job flushes the server's prefix cache before a cell (of ``workload``; of any of the

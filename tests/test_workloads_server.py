@@ -25,11 +25,11 @@ def embedded(tmp_path_factory):
     return manifest, facts
 
 
-def small_job(matrix: dict, parallel: int = 2, **options) -> BenchJob:
+def small_job(matrix: dict, parallel: int = 2, request_rates: list | None = None, **options) -> BenchJob:
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["server_configs"] = {"ar": config["server_configs"]["ar"]}
     config["server_configs"]["ar"]["options"].update(parallel=parallel, ctx_size=2048, **options)
-    config["server_configs"]["ar"]["request_rates"] = []
+    config["server_configs"]["ar"]["request_rates"] = request_rates or []
     config["matrix"] = {"concurrencies": [2], "output_tokens": 4, "context_lengths": [32],
                         "warmup": {"seconds": 0, "requests_per_concurrency": 1},
                         "measure": {"seconds": 0.5, "requests_per_concurrency": 2, "min_requests": 4}, "repeats": 1,
@@ -87,3 +87,38 @@ def test_shared_prefix_and_its_prefix_cache_accounting(embedded, tmp_path):
     assert all(isinstance(r["cached_prompt_tokens"], int) for r in measured)
     assert row["usage_cached_hit_rate"] == pytest.approx(
         sum(r["cached_prompt_tokens"] for r in measured) / sum(r["prompt_tokens"] for r in measured))
+
+
+def test_multi_turn_sessions(embedded, tmp_path):
+    """Two users, three-turn conversations over chat: every turn resends the conversation so far (the model's reply
+    included), so a session's context grows turn by turn; per-turn TTFT and context are cells.csv columns."""
+    job = small_job({"workloads": ["multi_turn"], "output_tokens": 4,
+                     "multi_turn": {"system_tokens": 48, "tool_tokens": 8, "user_tokens": 4, "turns": 3,
+                                    "think_s": 0.05},
+                     "measure": {"seconds": 0.5, "requests_per_concurrency": 2, "min_requests": 4}},
+                    request_rates=[0.5])
+    assert job.matrix.rate_cells() == []  # simulated users run closed-loop only
+    meta, cells, requests = run(job, embedded, tmp_path)
+    assert meta["status"] == "ok" and meta["workloads"]["multi_turn"]["system_prompt_tokens"] > 48 * 0.8
+    row = cells.iloc[0]
+    assert row["workload"] == "multi_turn" and row["endpoint"] == "chat" and row["errors"] == 0
+    ok = [r for r in requests if r["error"] is None]
+    sessions: dict = {}
+    for r in sorted(ok, key=lambda r: r["send"]):
+        sessions.setdefault(r["session"], []).append(r)
+    whole = [turns for turns in sessions.values() if [r["turn"] for r in turns] == [1, 2, 3]]
+    assert whole, "no session ran all three turns"
+    for turns in whole:
+        # each turn's context holds the last one's prompt and reply, and a new message
+        for a, b in zip(turns, turns[1:]):
+            assert b["prompt_tokens"] > a["prompt_tokens"] + a["completion_tokens"]
+            assert b["send"] >= a["end"] + 0.05 - 0.01  # after the reply and the think time
+            assert b["shared_prefix_tokens"] == a["prompt_tokens"] + a["completion_tokens"]
+    assert {r["session"].split("-")[1] for r in ok} == {"0", "1"}  # two users
+    measured = [r for r in requests if r["phase"] == "measured" and r["error"] is None]
+    for turn in sorted({r["turn"] for r in measured}):
+        assert row[f"ttft_p50_s_turn{turn}"] > 0
+        assert row[f"prompt_tokens_turn{turn}"] == pytest.approx(
+            sum(r["prompt_tokens"] for r in measured if r["turn"] == turn)
+            / len([r for r in measured if r["turn"] == turn]))
+    assert 0 < row["intended_hit_rate"] < 1 and 0 <= row["prefix_cache_hit_rate"] <= 1

@@ -16,14 +16,14 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from servesweep.loadgen.arrival import ArrivalPlan, ArrivalSchedule
-from servesweep.loadgen.prompts import Prompt, PromptSource
+from servesweep.loadgen.prompts import Conversation, Prompt, PromptSource, SessionSource
 from servesweep.loadgen.spec import LoadSpec, WindowPlan
 from servesweep.loadgen.stream import ERROR_KINDS, fixed_length, usage_problem
 from servesweep.loadgen.windows import CLIENT_BOUND_LAG_P99_MS, WindowState, is_client_bound, run_in_process
 from servesweep.loadgen.workers import run_workers_with_window
 
 __all__ = ["ArrivalPlan", "ArrivalSchedule", "CLIENT_BOUND_LAG_P99_MS", "ERROR_KINDS", "LoadSpec", "Prompt",
-           "PromptSource", "WindowPlan", "fixed_length", "is_client_bound",
+           "PromptSource", "Conversation", "SessionSource", "WindowPlan", "fixed_length", "is_client_bound",
            "run_load", "usage_problem"]
 
 

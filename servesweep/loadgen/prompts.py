@@ -22,6 +22,29 @@ class Prompt:
     source: str = ""
     shared_prefix_tokens: int = 0
     prefix_group: str = ""
+    # (name, value) pairs the request's record carries as they are: what a workload records per request (a
+    # multi-turn session's id and turn, say).
+    fields: tuple[tuple[str, object], ...] = ()
+
+
+class Conversation(Protocol):
+    """One simulated user's conversation: its first request, then each next one from the reply to the last."""
+
+    think_s: float  # how long the user waits after a reply before sending the next turn
+
+    def first(self) -> Prompt: ...
+
+    def next(self, record: dict) -> Prompt | None:
+        """The next turn after the request whose record is ``record`` (its reply is ``record["text"]``), or None
+        when the conversation is over."""
+
+
+class SessionSource(Protocol):
+    """Where a closed-loop cell of simulated users gets its conversations: user ``user``'s ``number``-th
+    conversation (the same user and number give the same conversation in every config). The cell's streams are
+    its users; each holds one conversation at a time."""
+
+    def conversation(self, user: int, number: int) -> Conversation: ...
 
 
 class PromptSource(Protocol):

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from servesweep.loadgen.arrival import ArrivalPlan
-from servesweep.loadgen.prompts import PromptSource
+from servesweep.loadgen.prompts import PromptSource, SessionSource
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class LoadSpec:
     workers: int = 1
     # A steady-state cell: prompts come from ``prompt_source.get(i)`` until the window closes.
     window: WindowPlan | None = None
-    prompt_source: PromptSource | None = None
+    # Or a closed-loop cell of simulated users: each of the ``concurrency`` streams holds conversations from this.
+    prompt_source: PromptSource | SessionSource | None = None
     # An open-loop cell (with a window): sends follow this schedule instead of ``concurrency`` streams.
     arrivals: ArrivalPlan | None = None
     # The engine's word that this config streams one chunk per generated token (no speculation, no coalescing;

@@ -132,6 +132,7 @@ async def stream_one(target: Target, spec: LoadSpec, prompt, index: int) -> dict
         rec["source"], rec["shared_prefix_tokens"] = prompt.source, prompt.shared_prefix_tokens
         if prompt.prefix_group:
             rec["prefix_group"] = prompt.prefix_group
+        rec.update(prompt.fields)
     response = StreamedResponse(target.request(json.dumps(payload).encode()), asyncio.get_running_loop(),
                                 target.read_buffer)
 

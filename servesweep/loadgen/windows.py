@@ -190,6 +190,27 @@ async def run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] | 
         while (item := take()) is not None:
             done(await stream_one(target, spec, item[1], item[0]))
 
+    def stopped() -> bool:
+        return (window is not None and window.stop) or (shared is not None and shared.stop.is_set())
+
+    async def user(number: int) -> None:
+        """One simulated user: conversation after conversation, each turn sent after the reply to the last and the
+        user's think time; a turn's index is taken when it is sent, so the window counts it like any request."""
+        nonlocal next_index
+        started = 0
+        while not stopped():
+            conversation = spec.prompt_source.conversation(number, started)
+            started += 1
+            prompt = conversation.first()
+            while prompt is not None and not stopped():
+                i = next_index
+                next_index += index_step
+                rec = await stream_one(target, spec, prompt, i)
+                done(rec)
+                prompt = None if rec["error"] else conversation.next(rec)
+                if prompt is not None:
+                    await _sleep_unless(conversation.think_s, stopped)
+
     unsent: list[int] = []
     monitor = LoopLagMonitor()
     monitor.start()
@@ -197,6 +218,9 @@ async def run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] | 
     try:
         if spec.arrivals is not None:
             streams = [_open_loop(spec, target, take, done, lambda: window is not None and window.stop, unsent)]
+        elif steady and hasattr(spec.prompt_source, "conversation"):
+            # users are numbered across worker processes as their indices are: index_start, + index_step, ...
+            streams = [user(index_start + k * index_step) for k in range(spec.concurrency)]
         else:
             streams = [worker() for _ in range(spec.concurrency)]
         if window is not None:
@@ -214,6 +238,13 @@ async def run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] | 
 
 
 STOP_POLL_S = 0.05
+
+
+async def _sleep_unless(seconds: float, stopped: Callable[[], bool]) -> None:
+    """Sleep ``seconds``, waking at least every :data:`STOP_POLL_S` to give up once ``stopped()``."""
+    end = now() + seconds
+    while (left := end - now()) > 0 and not stopped():
+        await asyncio.sleep(min(left, STOP_POLL_S))
 
 
 async def _open_loop(spec: LoadSpec, target: Target, take: Callable[[], tuple[int, object] | None],

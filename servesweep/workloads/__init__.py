@@ -11,6 +11,7 @@ from servesweep.workloads.base import (ENDPOINTS, NEEDS, SETTING_N, SETTING_RULE
                                        WorkloadRequest, WorkloadSample, intended_hit_rate,
                                        reachable_hit_rate)
 from servesweep.workloads.humaneval import HumanEval
+from servesweep.workloads.multi_turn import MultiTurn
 from servesweep.workloads.shared_prefix import SharedPrefix, SharedPrefixPrompts
 from servesweep.workloads.sharegpt import (RULES, SHAREGPT_BYTES, SHAREGPT_COMPLETE_ENTRIES, SHAREGPT_FILENAME,
                                            SHAREGPT_PACKAGE, SHAREGPT_PARTIAL_NOTE, SHAREGPT_SHA256, SHAREGPT_USABLE,
@@ -19,7 +20,7 @@ from servesweep.workloads.synthetic import Synthetic, SyntheticPrompts, corpus_t
 
 __all__ = ["ENDPOINTS", "NEEDS", "RULES", "SETTING_N", "SETTING_RULES", "SETTING_WORKLOAD", "SHAREGPT_BYTES",
            "SHAREGPT_COMPLETE_ENTRIES", "SHAREGPT_FILENAME", "SHAREGPT_PACKAGE", "SHAREGPT_PARTIAL_NOTE",
-           "SHAREGPT_SHA256", "SHAREGPT_USABLE", "MatrixView", "PromptSets", "RealTextWorkload", "SharedPrefix",
+           "SHAREGPT_SHA256", "SHAREGPT_USABLE", "MatrixView", "MultiTurn", "PromptSets", "RealTextWorkload", "SharedPrefix",
            "SharedPrefixPrompts", "SyntheticPrompts", "TextPrompts", "Workload", "WorkloadRequest", "WorkloadSample",
            "corpus_text", "get_workload", "intended_hit_rate", "reachable_hit_rate", "most_requests", "real_text_workloads", "register",
            "sample_workload", "sharegpt_cache_dir", "sharegpt_conversations", "workload_names"]
@@ -44,6 +45,7 @@ register(Synthetic())
 register(ShareGPT())
 register(HumanEval())
 register(SharedPrefix())
+register(MultiTurn())
 
 
 def workload_names() -> list[str]:

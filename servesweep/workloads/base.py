@@ -33,6 +33,7 @@ class MatrixView(Protocol):
     output_jitter: float
     real_text: dict
     shared_prefix: dict
+    multi_turn: dict
     endpoint: str
 
 
@@ -59,6 +60,9 @@ class Workload(ABC):
     endpoints: ClassVar[tuple[str, ...]] = ("completions",)
     # Whether its prompts mean to share prefixes (a prefix cache then matters, and is accounted per cell).
     reuses_prefixes: ClassVar[bool] = False
+    # Whether it can run open-loop (request-rate cells); a workload of simulated users runs closed-loop only, and the
+    # matrix gives it no rate cells.
+    open_loop: ClassVar[bool] = True
 
     @property
     def needs(self) -> tuple[str, ...]:
@@ -98,6 +102,10 @@ class Workload(ABC):
     def requested_prompt_tokens(self, ctx: int) -> float:
         """The prompt length every request of a ``ctx`` cell asks for, NaN where lengths vary."""
         return math.nan
+
+    def cell_columns(self, measured: list[dict]) -> dict:
+        """Columns of its own for a cell's row, from the cell's measured request records; none by default."""
+        return {}
 
 
 def intended_hit_rate(records: list[dict]) -> float:
