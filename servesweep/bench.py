@@ -233,9 +233,11 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     closed = key.closed
     workload = get_workload(key.workload)
     conc = int(key.concurrency) if closed else matrix.max_concurrency
+    replay = None if closed else workload.arrival_times(source, key.request_rate)
+    times, period = replay or ((), 0.0)
     arrivals = None if closed else ArrivalPlan(rate=key.request_rate, arrival=matrix.arrival,
                                                burstiness=matrix.burstiness, max_concurrency=matrix.max_concurrency,
-                                               seed=matrix.arrival_seed)
+                                               seed=matrix.arrival_seed, times=times, period=period)
     warm = matrix.warmup_for(conc) if closed else matrix.rate_warmup_requests()
     if first and engine.needs_client_warmup(sc):
         warm = max(warm, 2 * conc, 4) if closed else max(warm, 4)  # the server skipped its own warm-up

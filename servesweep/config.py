@@ -98,6 +98,15 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
     models = config.get("models", {})
     configs = config.get("server_configs", {})
     typed_matrix = Matrix.from_config(config["matrix"]) if config.get("matrix") else None
+    workload_problems: list[tuple[str, str, str]] = []
+    if typed_matrix is not None:
+        used = dict.fromkeys([*typed_matrix.workloads, *(w for sc in configs.values() if isinstance(sc, dict)
+                                                         for w in sc.get("workloads") or [])])
+        for workload in used:
+            if workload in workload_names():
+                workload_problems += get_workload(workload).problems(typed_matrix)
+        if workload_problems:
+            typed_matrix = None  # the engines' checks against the matrix need workloads that can be read
     for name in models:
         if not WILDCARD_SAFE.match(name):
             problems.append((f"models.{name}", "name is not usable in file paths",
@@ -158,13 +167,7 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
             problems.append((f"matrix.{key}", "has duplicate values", "list each value once"))
     problems += _rate_problems(matrix, configs)
     problems += _pool_problems(matrix, configs)
-    if typed_matrix is not None:
-        used = dict.fromkeys([*typed_matrix.workloads, *(w for sc in configs.values() if isinstance(sc, dict)
-                                                         for w in sc.get("workloads") or [])])
-        for workload in used:
-            if workload in workload_names():
-                problems += get_workload(workload).problems(typed_matrix)
-    return problems
+    return problems + workload_problems
 
 
 def _pool_problems(matrix: dict, configs: dict) -> list[tuple[str, str, str]]:
@@ -207,10 +210,17 @@ def _rate_problems(matrix: dict, configs: dict) -> list[tuple[str, str, str]]:
     for name, sc in configs.items():
         rates = sc.get("request_rates") if isinstance(sc, dict) else None
         rates = matrix.get("request_rates", []) if rates is None else rates
-        if not matrix.get("concurrencies") and not rates:
+        own = sc.get("workloads") if isinstance(sc, dict) else None
+        try:  # each workload says which cells it has (a trace its own rates, simulated users no rates)
+            typed = Matrix.from_config(matrix, own, rates)
+            empty = not typed.cells() and not typed.rate_cells()
+        except (ValueError, KeyError):  # a workload that cannot be read is reported on its own
+            empty = not matrix.get("concurrencies") and not rates
+        if empty:
             key = "matrix.concurrencies" if not matrix.get("request_rates") else f"server_configs.{name}.request_rates"
-            problems.append((key, f"config '{name}' would have no cell: no concurrency and no request rate",
-                             "list concurrencies, or request rates (matrix.request_rates) to measure"))
+            problems.append((key, f"config '{name}' would have no cell: no concurrency and no request rate its "
+                             "workloads run at", "list concurrencies, or request rates (matrix.request_rates) to "
+                             "measure, for its workloads (a trace runs open-loop only, multi_turn closed-loop only)"))
     return problems
 
 

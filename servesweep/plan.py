@@ -88,6 +88,7 @@ class Matrix:
     endpoint: str
     shared_prefix: dict
     multi_turn: dict
+    trace: dict
     # A cell whose achieved prefix-cache hit rate falls this far below the rate its workload intended is flagged.
     prefix_reuse_tolerance: float
 
@@ -123,6 +124,7 @@ class Matrix:
             endpoint=str(matrix["endpoint"]),
             shared_prefix=dict(matrix["shared_prefix"]),
             multi_turn=dict(matrix["multi_turn"]),
+            trace=dict(matrix["trace"]),
             prefix_reuse_tolerance=float(matrix["prefix_reuse_tolerance"]),
         )
 
@@ -150,14 +152,16 @@ class Matrix:
         return [(w, ctx) for w in self.workloads for ctx in get_workload(w).prompt_lengths(self)]
 
     def cells(self) -> list[tuple[str, int, int]]:
-        """(workload, ctx, C) of every closed-loop cell; ``ctx`` is the workload's key of its prompt set
+        """(workload, ctx, C) of every closed-loop cell (none for a workload that runs open-loop only, a trace);
+        ``ctx`` is the workload's key of its prompt set
         (``Workload.prompt_lengths``: a synthetic prompt length, or 0 for prompts of their own lengths)."""
-        return [(w, ctx, c) for w, ctx in self._prompt_sets() for c in self.concurrencies]
+        return [(w, ctx, c) for w, ctx in self._prompt_sets() if get_workload(w).closed_loop for c in self.concurrencies]
 
     def rate_cells(self) -> list[tuple[str, int, float]]:
-        """(workload, ctx, request rate) of every open-loop cell; a workload that runs closed-loop only
-        (``Workload.open_loop`` false: simulated users) has none."""
-        return [(w, ctx, r) for w, ctx in self._prompt_sets() if get_workload(w).open_loop for r in self.request_rates]
+        """(workload, ctx, request rate) of every open-loop cell, at the workload's rates (the matrix's, or a trace's
+        own); a workload that runs closed-loop only (``Workload.open_loop`` false: simulated users) has none."""
+        return [(w, ctx, r) for w, ctx in self._prompt_sets() if get_workload(w).open_loop
+                for r in get_workload(w).request_rates(self)]
 
     def flushes_cache(self, workload: str | None = None) -> bool:
         """Whether the bench job flushes the server's prefix cache before a cell (of ``workload``; of any of the

@@ -151,3 +151,14 @@ def test_vllm_configs_that_flush_need_the_development_routes(default_config):
     with pytest.raises(ConfigError) as info:
         check_config(config)
     assert len(info.value.problems) == len(config["server_configs"]) - 1
+
+
+def test_the_workloads_section_states_a_made_workload_by_its_settings():
+    from servesweep.report.setup import workloads_section
+
+    metas = [{"config": "a", "workloads": {"shared_prefix": {
+        "workload": "shared_prefix", "prefix_tokens": 64, "suffix_tokens": 8, "group_size": 4,
+        "intended_hit_rate": 0.6222, "intended": "x" * 100}}}]
+    lines = workloads_section(metas, pd.DataFrame({"config": ["a"], "workload": ["shared_prefix"]}))
+    assert lines[2] == ("- `shared_prefix`: prefix_tokens 64, suffix_tokens 8, group_size 4, intended_hit_rate "
+                        "0.622.")

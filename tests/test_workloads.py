@@ -335,8 +335,8 @@ def test_humaneval_sample():
 # ------------------------------------------------------------------------------------------ errors
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"name": "sharegtp"}, r"matrix\.workloads: 'sharegtp' is not a workload; choose synthetic, sharegpt or "
-                           r"humaneval"),
+    ({"name": "sharegtp"}, r"matrix\.workloads: 'sharegtp' is not a workload; choose synthetic, sharegpt, "
+                           r"humaneval, .* or trace$"),
     ({"name": "synthetic"}, r"matrix\.workloads: 'synthetic' makes its own prompts and is not sampled"),
     # the rule sets are ShareGPT's: checked before its file is read
     ({"name": "sharegpt", "rules": "vlm"}, r"rules.*'vlm' is not a rule set; choose vllm or sglang"),

@@ -122,3 +122,31 @@ def test_multi_turn_sessions(embedded, tmp_path):
             sum(r["prompt_tokens"] for r in measured if r["turn"] == turn)
             / len([r for r in measured if r["turn"] == turn]))
     assert 0 < row["intended_hit_rate"] < 1 and 0 <= row["prefix_cache_hit_rate"] <= 1
+
+
+def test_trace_replay(embedded, tmp_path):
+    """The shipped trace replayed open-loop at half its pace: sends follow its arrivals, prompts its lengths and
+    prefix blocks, outputs its lengths (capped); the cell is a rate cell at the scaled mean rate."""
+    from servesweep.workloads import read_trace
+    from servesweep.workloads.trace import mean_rate, trace_path
+
+    entries = read_trace(str(trace_path(None)))
+    job = small_job({"workloads": ["trace"], "output_tokens": 8, "concurrencies": [],
+                     "trace": {"speedups": [0.5]}, "max_concurrency": 4,
+                     "measure": {"seconds": 2.0, "requests_per_concurrency": 1, "min_requests": 3}})
+    meta, cells, requests = run(job, embedded, tmp_path)
+    assert meta["status"] == "ok" and meta["workloads"]["trace"]["entries"] == len(entries)
+    row = cells.iloc[0]
+    assert row["workload"] == "trace" and row["load"] == "rate" and row["errors"] == 0
+    assert row["request_rate"] == pytest.approx(mean_rate(entries) * 0.5)
+    sent = sorted((r for r in requests if r["index"] >= 0), key=lambda r: r["index"])
+    for r in sent:
+        entry = entries[r["trace_entry"]]
+        assert r["trace_entry"] == r["index"] % len(entries)
+        assert r["requested_prompt_tokens"] == entry.input_length
+        assert r["requested_output_tokens"] == min(entry.output_length, 8)
+    # due at the trace's offsets, twice as far apart
+    start = entries[0].at_s
+    due = [r["scheduled"] - sent[0]["scheduled"] for r in sent]
+    assert due == pytest.approx([(entries[r["index"]].at_s - start) * 2 for r in sent], abs=1e-6)
+    assert row["slo_interactive_attainment"] >= 0  # SLO attainment per replayed trace

@@ -10,7 +10,8 @@ class ArrivalPlan:
     server's pace, with at most ``max_concurrency`` in flight (a send due while the cap is full waits for a slot).
 
     ``arrival``: ``poisson`` draws Gamma(shape = ``burstiness``, scale = 1 / (rate × burstiness)) gaps, vLLM's
-    rule (burstiness 1 is exponential gaps, a Poisson process); ``constant`` spaces sends exactly 1 / rate apart.
+    rule (burstiness 1 is exponential gaps, a Poisson process); ``constant`` spaces sends exactly 1 / rate apart;
+    with ``times``, the sends follow them (a trace's arrivals).
     """
 
     rate: float
@@ -18,6 +19,10 @@ class ArrivalPlan:
     burstiness: float = 1.0
     max_concurrency: int = 512
     seed: int = 0
+    # A replayed trace instead of drawn gaps: its send offsets (seconds, from 0, ascending), repeated every
+    # ``period`` seconds once they run out (``rate``, ``arrival`` and ``burstiness`` then only describe it).
+    times: tuple[float, ...] = ()
+    period: float = 0.0
 
 
 class ArrivalSchedule:
@@ -33,6 +38,8 @@ class ArrivalSchedule:
     def __init__(self, plan: ArrivalPlan):
         if plan.rate <= 0:
             raise ValueError(f"request rate must be > 0, got {plan.rate}")
+        if plan.times and (plan.period <= 0 or list(plan.times) != sorted(plan.times) or plan.times[0] < 0):
+            raise ValueError("a trace's send times must ascend from ≥ 0 and repeat after a period > 0")
         if plan.arrival not in ("poisson", "constant"):
             raise ValueError(f"arrival must be poisson or constant, got {plan.arrival!r}")
         import numpy as np
@@ -54,6 +61,9 @@ class ArrivalSchedule:
 
     def time(self, k: int) -> float:
         """When send ``k`` (from 0) is due, in seconds after the cell's start."""
+        if self.plan.times:
+            loop, at = divmod(k, len(self.plan.times))
+            return self.plan.times[at] + loop * self.plan.period
         while k >= len(self._times):
             self._extend()
         return self._times[k]

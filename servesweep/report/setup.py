@@ -164,6 +164,11 @@ def workloads_section(metas: list[dict], cells: pd.DataFrame) -> list[str]:
     for m in metas:
         described.update(m.get("workloads") or {})
     for name, d in sorted(described.items()):
+        if "lengths" not in d:  # a workload that makes its prompts: its settings as it recorded them
+            facts = ", ".join(f"{k} {_fmt(v, '.3g') if isinstance(v, float) else v}" for k, v in d.items()
+                              if k != "workload" and isinstance(v, (int, float, str)) and len(str(v)) < 80)
+            lines.append(f"- `{name}`: {facts}.")
+            continue
         lengths = d.get("lengths") or {}
         p, o = lengths.get("prompt_tokens") or {}, lengths.get("output_tokens") or {}
         src = d.get("source") if isinstance(d.get("source"), dict) else {}

@@ -17,12 +17,13 @@ from servesweep.workloads.sharegpt import (RULES, SHAREGPT_BYTES, SHAREGPT_COMPL
                                            SHAREGPT_PACKAGE, SHAREGPT_PARTIAL_NOTE, SHAREGPT_SHA256, SHAREGPT_USABLE,
                                            ShareGPT, sharegpt_cache_dir, sharegpt_conversations)
 from servesweep.workloads.synthetic import Synthetic, SyntheticPrompts, corpus_text
+from servesweep.workloads.trace import Trace, TracePrompts, generate_trace, read_trace
 
 __all__ = ["ENDPOINTS", "NEEDS", "RULES", "SETTING_N", "SETTING_RULES", "SETTING_WORKLOAD", "SHAREGPT_BYTES",
            "SHAREGPT_COMPLETE_ENTRIES", "SHAREGPT_FILENAME", "SHAREGPT_PACKAGE", "SHAREGPT_PARTIAL_NOTE",
            "SHAREGPT_SHA256", "SHAREGPT_USABLE", "MatrixView", "MultiTurn", "PromptSets", "RealTextWorkload", "SharedPrefix",
-           "SharedPrefixPrompts", "SyntheticPrompts", "TextPrompts", "Workload", "WorkloadRequest", "WorkloadSample",
-           "corpus_text", "get_workload", "intended_hit_rate", "reachable_hit_rate", "most_requests", "real_text_workloads", "register",
+           "SharedPrefixPrompts", "SyntheticPrompts", "TextPrompts", "Trace", "TracePrompts", "Workload", "WorkloadRequest", "WorkloadSample",
+           "corpus_text", "generate_trace", "get_workload", "intended_hit_rate", "reachable_hit_rate", "most_requests", "read_trace", "real_text_workloads", "register",
            "sample_workload", "sharegpt_cache_dir", "sharegpt_conversations", "workload_names"]
 
 _REGISTERED: dict[str, Workload] = {}
@@ -46,6 +47,7 @@ register(ShareGPT())
 register(HumanEval())
 register(SharedPrefix())
 register(MultiTurn())
+register(Trace())
 
 
 def workload_names() -> list[str]:

@@ -34,7 +34,9 @@ class MatrixView(Protocol):
     real_text: dict
     shared_prefix: dict
     multi_turn: dict
+    trace: dict
     endpoint: str
+    request_rates: list[float]
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class Workload(ABC):
     # Whether it can run open-loop (request-rate cells); a workload of simulated users runs closed-loop only, and the
     # matrix gives it no rate cells.
     open_loop: ClassVar[bool] = True
+    # Whether it runs closed-loop (concurrency cells); a replayed trace runs open-loop only.
+    closed_loop: ClassVar[bool] = True
 
     @property
     def needs(self) -> tuple[str, ...]:
@@ -102,6 +106,15 @@ class Workload(ABC):
     def requested_prompt_tokens(self, ctx: int) -> float:
         """The prompt length every request of a ``ctx`` cell asks for, NaN where lengths vary."""
         return math.nan
+
+    def request_rates(self, matrix: MatrixView) -> list[float]:
+        """The request rates of its open-loop cells: the matrix's by default."""
+        return list(matrix.request_rates)
+
+    def arrival_times(self, source: PromptSource, rate: float) -> tuple[tuple[float, ...], float] | None:
+        """The send offsets and loop period of an open-loop cell at ``rate``, where the workload sets them (a trace);
+        None: the matrix's arrival process."""
+        return None
 
     def cell_columns(self, measured: list[dict]) -> dict:
         """Columns of its own for a cell's row, from the cell's measured request records; none by default."""
