@@ -16,7 +16,7 @@ from servesweep.workloads import PromptSets, Workload, get_workload, workload_na
 
 @dataclass(frozen=True)
 class EchoPrompts:
-    """Prompts that say their tag and index, twice the words per ctx key unit."""
+    """Prompts that say their tag and index, ``words`` times."""
 
     words: int
     tag: int = 0

@@ -47,7 +47,7 @@ def run(job: BenchJob, embedded, tmp_path):
 
 def test_real_text_over_the_chat_endpoint(embedded, tmp_path):
     job = small_job({"workloads": ["humaneval"], "endpoint": "chat",
-                     "real_text": {"pool": 8, "max_prompt_tokens": 512}})
+                     "real_text": {"pool": 8, "max_prompt_tokens": 120}})
     meta, cells, requests = run(job, embedded, tmp_path)
     assert meta["status"] == "ok"
     row = cells.iloc[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from servesweep.loadgen.prompts import Prompt
 from servesweep.workloads.base import MatrixView, PromptSets, Tokenize, Workload
@@ -105,8 +105,7 @@ class MultiTurn(Workload):
         sessions = Sessions(system, 0, tokens_per_word, m["turns"], m["tool_tokens"], m["user_tokens"],
                             float(m["think_s"]))
         counted = len(await tokenize(sessions.system_text()))
-        sessions = Sessions(system, counted, tokens_per_word, m["turns"], m["tool_tokens"], m["user_tokens"],
-                            float(m["think_s"]))
+        sessions = replace(sessions, system_tokens=counted)
         return PromptSets({0: sessions}, {"workload": self.name, **m, "system_prompt_tokens": counted,
                                            "tokens_per_word": tokens_per_word,
                                            "replies": "the model's own, sent back in the next turn"})
