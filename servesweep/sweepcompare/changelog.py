@@ -53,7 +53,7 @@ def entry(pair: Pair, table: pd.DataFrame) -> dict:
         "configs": pair.b.configs,
         "engine_versions": {c: m.get("engine_version") for c, m in sorted(pair.b.metas.items())},
         "changed": [{k: r[k] for k in ("group", "field", "a", "b")} for r in run_rows],
-        "changed_per_config": {c: [{k: r[k] for k in ("group", "field", "a", "b")} for r in rs]
+        "changed_per_config": {c: [{k: r[k] for k in ("group", "field", "a", "b", "note") if k in r} for r in rs]
                                for c, rs in per_config.items()},
         "reference": pair.reference if pair.has_shift else None,
         "shift": [{"cell": r["cell"], "figure": r["figure"], "ratio": _number(r["ratio"]), "lo": _number(r["lo"]),
@@ -93,7 +93,8 @@ def markdown(entries: list[dict]) -> str:
         head = f"- **{e['run']}**" + (f" after {e['after']}" if e.get("after") else " (first run in the log)")
         changed = [f"{c['field']} {c['a']} → {c['b']}" for c in e.get("changed", [])]
         for cfg, rows in (e.get("changed_per_config") or {}).items():
-            changed += [f"`{cfg}` {c['field']} {c['a']} → {c['b']}" for c in rows]
+            changed += [f"`{cfg}` " + (c["note"] if c.get("note") else f"{c['field']} {c['a']} → {c['b']}")
+                        for c in rows]
         if e.get("after") is not None:
             head += ": " + ("; ".join(changed) if changed else "nothing recorded in meta.json changed")
         if e.get("shift"):

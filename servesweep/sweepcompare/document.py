@@ -42,7 +42,7 @@ def _differs(pair: Pair) -> list[str]:
     run_rows, per_config = run_differences(pair.a, pair.b)
     lines = [f"{r['field']}: {r['a']} → {r['b']}" for r in run_rows]
     for cfg, rows in per_config.items():
-        lines += [f"`{cfg}`: {r['field']}: {r['a']} → {r['b']}" for r in rows]
+        lines += [f"`{cfg}`: " + (r["note"] if r.get("note") else f"{r['field']}: {r['a']} → {r['b']}") for r in rows]
     both = [c for c in pair.a.configs if c in pair.b.metas]
     unknown = [c for c in both if not (pair.a.metas[c].get("model_sha256") and pair.b.metas[c].get("model_sha256"))]
     out = [f"- **What differs** (meta.json: engine and its version, options and command line, model, host CPU and "

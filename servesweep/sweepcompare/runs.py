@@ -84,7 +84,8 @@ def load_folder(path: Path, label: str, mapping: Mapping[str, str] | None = None
                 frames.append(df.assign(config=name))
     repeats_df = pd.concat(repeats, ignore_index=True) if repeats else pd.DataFrame()
     if not repeats_df.empty:
-        run = repeats_df["block_run"].fillna("").astype(str) if "block_run" in repeats_df else ""
+        run = (repeats_df["block_run"].astype(object).where(repeats_df["block_run"].notna(), "").astype(str)
+               if "block_run" in repeats_df else "")
         repeats_df["block_run"] = f"{label}:" + run
     baseline = None
     if (path / "config.yaml").is_file():
@@ -180,7 +181,7 @@ def run_differences(a: ResultFolder, b: ResultFolder) -> tuple[list[dict], dict[
     for c in sorted(set(a.configs) ^ set(b.configs)):
         where = a.label if c in a.metas else b.label
         only[c] = [{"group": "configs", "field": "config", "a": "measured" if c in a.metas else "absent",
-                    "b": "measured" if c in b.metas else "absent", "note": f"only in {where}"}]
+                    "b": "measured" if c in b.metas else "absent", "note": f"measured only in {where}"}]
     return run_rows, {c: rows for c, rows in only.items() if rows}
 
 
