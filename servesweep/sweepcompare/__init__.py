@@ -46,11 +46,13 @@ class ComparePaths:
 
 def compare_folders(folders: Sequence[Path], out: Path, mapping: Mapping[str, str] | None = None,
                     reference: str | None = None, rule: Rule | None = None, log: Path | None = None,
-                    labels: Sequence[str] | None = None, command: str = "", charts: bool = True) -> str:
+                    labels: Sequence[str] | None = None, command: str = "", charts: bool = True,
+                    default_reference: str | None = None) -> str:
     """Compare result folders (in the order given, consecutive pairs) and write COMPARE.md, comparisons.csv and the
     charts under ``out``; append the runs not yet in the changelog ``log`` (default ``out/changelog.jsonl``).
     ``mapping``: a config's name in some run -> the name it is compared under. ``reference``: the config the session
-    shift is read from (default: the first run's baseline, from its config.yaml). Returns COMPARE.md's text."""
+    shift is read from (default: the first run's baseline, from its config.yaml, else ``default_reference``). Returns
+    COMPARE.md's text."""
     if len(folders) < 2:
         raise ValueError("a comparison needs two or more result folders")
     rule = rule or Rule()
@@ -58,6 +60,7 @@ def compare_folders(folders: Sequence[Path], out: Path, mapping: Mapping[str, st
     paths.out.mkdir(parents=True, exist_ok=True)
     labels = list(labels) if labels else labels_for([Path(f) for f in folders])
     runs = [load_folder(Path(f), label, mapping) for f, label in zip(folders, labels)]
+    reference = reference or runs[0].baseline or default_reference
     pairs = [make_pair(a, b, reference) for a, b in zip(runs, runs[1:])]
     table = compare_pairs(pairs, rule)
     table.to_csv(paths.table, index=False)

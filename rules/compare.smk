@@ -1,0 +1,34 @@
+# Result folders compared (docs/compare.md): config key `compare`, library servesweep/sweepcompare/.
+rule compare_runs:
+    input:
+        get_compare_inputs,
+    output:
+        markdown=in_report("results/compare/COMPARE.md", "compare", "Comparison"),
+        table=in_report("results/compare/comparisons.csv", "compare_table", "Comparison", table="comparisons"),
+        ratios_png=in_report("results/compare/ratios.png", "compare_ratios", "Comparison", chart="ratios"),
+        ratios_svg=in_report("results/compare/ratios.svg", "compare_ratios", "Comparison", chart="ratios SVG"),
+        trend=report(
+            directory("results/compare/trend"),
+            patterns=["trend.{fmt}"],
+            caption="../report/captions/compare_trend.rst",
+            category="Comparison",
+            labels={"chart": "trend", "format": "{fmt}"},
+        ),
+    log:
+        "logs/compare/compare.log",
+    conda:
+        "../envs/servesweep.yaml"
+    params:
+        runs=config["compare"]["runs"],
+        mapping=config["compare"]["mapping"],
+        reference=config["compare"].get("reference"),
+        changelog=config["compare"]["changelog"],
+        decision=config["decision"],
+        baseline=BASELINE,
+    script:
+        "../scripts/compare_runs.py"
+
+
+rule compare:
+    input:
+        rules.compare_runs.output.markdown,
