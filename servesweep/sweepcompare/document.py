@@ -9,9 +9,10 @@ import pandas as pd
 
 from servesweep import decide
 from servesweep.sweepcompare import changelog
-from servesweep.sweepcompare.estimates import BETWEEN, BUSY, WITHIN, Pair, design_note
-from servesweep.sweepcompare.runs import ResultFolder, run_differences
+from servesweep.sweepcompare.estimates import BETWEEN, BUSY, WITHIN, Pair, cell_keys, cell_label, design_note
+from servesweep.sweepcompare.runs import ResultFolder, shown, facts, run_differences
 
+FIRST_SCREEN_DIFFERENCES = 8
 SHIFT_ASSUMPTION = ("Assumed: the session shift is common to every config, so a config's change relative to it is "
                     "its ratio of ratios (B_x / A_x) / (B_ref / A_ref); a shift that differs between configs is "
                     "not told apart from a change of the config.")
@@ -40,17 +41,52 @@ def _called(verdict: str) -> bool:
 
 def _differs(pair: Pair) -> list[str]:
     run_rows, per_config = run_differences(pair.a, pair.b)
-    lines = [f"{r['field']}: {r['a']} → {r['b']}" for r in run_rows]
+    # The command line repeats the options: the first screen shows the options, the table below both.
+    lines = [f"{r['field']}: {r['a']} → {r['b']}" for r in run_rows if r["field"] != "argv"]
     for cfg, rows in per_config.items():
-        lines += [f"`{cfg}`: " + (r["note"] if r.get("note") else f"{r['field']}: {r['a']} → {r['b']}") for r in rows]
+        lines += [f"`{cfg}`: " + (r["note"] if r.get("note") else f"{r['field']}: {r['a']} → {r['b']}")
+                  for r in rows if r["field"] != "argv"]
+    if len(lines) > FIRST_SCREEN_DIFFERENCES:
+        more = len(lines) - FIRST_SCREEN_DIFFERENCES
+        lines = lines[:FIRST_SCREEN_DIFFERENCES] + [f"and {more} more (\"What differs between the runs\", below)"]
     both = [c for c in pair.a.configs if c in pair.b.metas]
     unknown = [c for c in both if not (pair.a.metas[c].get("model_sha256") and pair.b.metas[c].get("model_sha256"))]
     out = [f"- **What differs** (meta.json: engine and its version, options and command line, model, host CPU and "
            f"GPU, driver, design): " + ("; ".join(lines) if lines else "nothing recorded differs") + "."]
+    unmatched = _unmatched_line(pair, both)
+    if unmatched:
+        out.append(unmatched)
+    same = _same_line(pair, both)
+    if same:
+        out.append(same)
     if unknown:
         out.append(f"- The model's sha256 is not recorded for {', '.join(f'`{c}`' for c in unknown)} in both runs: "
                    "the model is matched by its name and manifest, not its hash.")
     return out
+
+
+# What the "same in both" line names, when every matched config has it alike in both runs.
+SAME_FIELDS = {"engine version": "engine_version", "model": "model", "GPU": "telemetry_host.gpus.0.name",
+               "driver": "telemetry_host.driver", "CPU": "cpu_model", "CPUs": "cpu_count", "launches": "launches"}
+
+
+def _unmatched_line(pair: Pair, configs: list[str]) -> str:
+    parts = []
+    for run, other in ((pair.a, pair.b), (pair.b, pair.a)):
+        only = sorted({cell_label(k) for c in configs for k in set(cell_keys(run.repeats, c))
+                       - set(cell_keys(other.repeats, c))})
+        if only:
+            parts.append(f"in {run.label} only: {'; '.join(only)}")
+    return f"- **Cells not matched** (not compared): {' — '.join(parts)}." if parts else ""
+
+
+def _same_line(pair: Pair, configs: list[str]) -> str:
+    values = []
+    for words, key in SAME_FIELDS.items():
+        seen = {shown(facts(r.metas[c]).get(key)) for c in configs for r in (pair.a, pair.b)}
+        if len(seen) == 1 and "not recorded" not in seen:
+            values.append(f"{words} {seen.pop()}")
+    return f"- **The same in both runs**, for every matched config: {', '.join(values)}." if values else ""
 
 
 def _shift_lines(pair: Pair, rows: pd.DataFrame) -> list[str]:
@@ -107,7 +143,8 @@ def _untold_lines(rows: pd.DataFrame) -> list[str]:
             parts.append(f"{undecided} with no verdict (one launch per config in a run: the intervals are over rounds "
                          "and leave launch-to-launch variation out)")
         if rest:
-            parts.append(f"{rest} not measurable or not compared")
+            parts.append(f"{rest} not measurable (fewer than two launches in a run, where the other has several) or "
+                         "not compared (host busy)")
         out.append(f"- **Not told apart**, {kind}: of {len(g)}, " + ", ".join(parts) + ".")
     return out
 
@@ -127,7 +164,7 @@ def _reproduce_lines(pair: Pair, rows: pd.DataFrame) -> list[str]:
 
 def first_screen(pair: Pair, rows: pd.DataFrame) -> list[str]:
     """The first screen of one pair of runs."""
-    return [f"### {pair.name}", "", *_differs(pair), *_span_lines(rows), *_shift_lines(pair, rows), *_called_lines(rows, pair),
+    return [f"### {pair.name} (A → B)", "", *_differs(pair), *_span_lines(rows), *_shift_lines(pair, rows), *_called_lines(rows, pair),
             *_untold_lines(rows), *_reproduce_lines(pair, rows), ""]
 
 

@@ -148,7 +148,7 @@ def facts(meta: dict) -> dict:
     return {k: v for k, v in flat.items() if k not in IGNORED and not k.startswith(IGNORED)}
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "not recorded"
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
@@ -164,8 +164,8 @@ def differences(a: dict, b: dict) -> list[dict]:
             if not any(key == f or key.startswith(f + ".") for f in fields):
                 continue
             va, vb = fa.get(key), fb.get(key)
-            if _shown(va) != _shown(vb):
-                rows.append({"group": group, "field": key, "a": _shown(va), "b": _shown(vb)})
+            if shown(va) != shown(vb):
+                rows.append({"group": group, "field": key, "a": shown(va), "b": shown(vb)})
     return rows
 
 
@@ -196,7 +196,7 @@ def reference_problems(a: ResultFolder, b: ResultFolder, reference: str | None) 
     fa, fb = facts(a.metas[reference]), facts(b.metas[reference])
     out = []
     for key in sorted(set(fa) | set(fb)):
-        if key.split(".")[0] in REFERENCE_FIELDS and _shown(fa.get(key)) != _shown(fb.get(key)):
-            out.append(f"`{reference}`'s {key} differs: {_shown(fa.get(key))} in {a.label}, "
-                       f"{_shown(fb.get(key))} in {b.label}")
+        if key.split(".")[0] in REFERENCE_FIELDS and shown(fa.get(key)) != shown(fb.get(key)):
+            out.append(f"`{reference}`'s {key} differs: {shown(fa.get(key))} in {a.label}, "
+                       f"{shown(fb.get(key))} in {b.label}")
     return out
