@@ -202,3 +202,17 @@ def test_the_two_gemma_runs(tmp_path):
     assert pairs == {"sharegpt": (1.83, 1.77), "humaneval": (1.57, 1.58)}
     assert set(table["verdict"]) == {decide.UNDECIDED}   # one launch per config in both runs
     assert "**Session shift**, throughput (`ar`" in text
+
+
+COMMITTED = GEMMA / "compare-h200-sglang-gemma"
+
+
+def test_the_committed_gemma_comparison(tmp_path, monkeypatch):
+    """examples/compare-h200-sglang-gemma/ is what the command in its README writes today."""
+    monkeypatch.chdir(GEMMA.parent)
+    command = ("python -m servesweep.sweepcompare examples/h200-sglang-gemma examples/h200-sglang-gemma-rerun "
+               "--out examples/compare-h200-sglang-gemma")
+    text = compare_folders([Path("examples/h200-sglang-gemma"), Path("examples/h200-sglang-gemma-rerun")], tmp_path,
+                           command=command, charts=False)
+    assert text == (COMMITTED / "COMPARE.md").read_text()
+    assert (tmp_path / "changelog.jsonl").read_text() == (COMMITTED / "changelog.jsonl").read_text()
