@@ -245,16 +245,17 @@ def report_chart(name, fmt):
     return in_report(f"results/report/{name}.{fmt}", name, "Charts", chart=name.replace("_", " "), format=fmt.upper())
 
 
-def report_chart_dir(folder, name):
-    """A chart folder results/report/<folder>/ that holds <name>.png and .svg only where the chart could be drawn."""
+def report_chart_dir(folder, name, root="results/report", category="Charts", stem=None):
+    """A chart folder <root>/<folder>/ that holds <stem>.png and .svg (stem: `name`) only where the chart could be
+    drawn, captioned by report/captions/<name>.rst."""
     caption = f"../report/captions/{name}.rst"
     if not (Path(workflow.basedir) / "report" / "captions" / f"{name}.rst").exists():
         raise WorkflowError(f"report/captions/{name}.rst does not exist: add it")
     return report(
-        directory(f"results/report/{folder}"),
-        patterns=[f"{name}.{{fmt}}"],
+        directory(f"{root}/{folder}"),
+        patterns=[f"{stem or name}.{{fmt}}"],
         caption=caption,
-        category="Charts",
+        category=category,
         labels={"chart": name.replace("_", " "), "format": "{fmt}"},
     )
 

@@ -7,13 +7,7 @@ rule compare_runs:
         table=in_report("results/compare/comparisons.csv", "compare_table", "Comparison", table="comparisons"),
         ratios_png=in_report("results/compare/ratios.png", "compare_ratios", "Comparison", chart="ratios"),
         ratios_svg=in_report("results/compare/ratios.svg", "compare_ratios", "Comparison", chart="ratios SVG"),
-        trend=report(
-            directory("results/compare/trend"),
-            patterns=["trend.{fmt}"],
-            caption="../report/captions/compare_trend.rst",
-            category="Comparison",
-            labels={"chart": "trend", "format": "{fmt}"},
-        ),
+        trend=report_chart_dir("trend", "compare_trend", "results/compare", "Comparison", stem="trend"),
     log:
         "logs/compare/compare.log",
     conda:
