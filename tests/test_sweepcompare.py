@@ -216,3 +216,21 @@ def test_the_committed_gemma_comparison(tmp_path, monkeypatch):
                            command=command, charts=False)
     assert text == (COMMITTED / "COMPARE.md").read_text()
     assert (tmp_path / "changelog.jsonl").read_text() == (COMMITTED / "changelog.jsonl").read_text()
+
+
+def _dry_run(*config: str):
+    import subprocess
+    import sys
+
+    argv = ["-m", "snakemake", "-n", "--cores", "1", "compare", "--forcerun", "compare_runs", "--config", *config]
+    return subprocess.run([sys.executable, *argv], cwd=GEMMA.parent, capture_output=True, text=True, timeout=300)
+
+
+def test_the_compare_target_plans_one_job_from_recorded_folders():
+    from conftest import planned_jobs
+
+    proc = _dry_run('compare={"runs": ["examples/h200-sglang-gemma", "examples/h200-sglang-gemma-rerun"]}')
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert sorted(r for r, _ in planned_jobs(proc.stdout)) == ["compare", "compare_runs"]
+    one = _dry_run('compare={"runs": ["examples/h200-sglang-gemma"]}')
+    assert one.returncode != 0 and "give two or more" in one.stdout + one.stderr
