@@ -13,6 +13,7 @@ from servesweep.sweepcompare.estimates import BETWEEN, BUSY, WITHIN, Pair, cell_
 from servesweep.sweepcompare.runs import ResultFolder, shown, facts, run_differences
 
 FIRST_SCREEN_DIFFERENCES = 8
+FIRST_SCREEN_CALLS = 8
 SHIFT_ASSUMPTION = ("Assumed: the session shift is common to every config, so a config's change relative to it is "
                     "its ratio of ratios (B_x / A_x) / (B_ref / A_ref); a shift that differs between configs is "
                     "not told apart from a change of the config.")
@@ -123,7 +124,10 @@ def _called_lines(rows: pd.DataFrame, pair: Pair) -> list[str]:
     for title, g, note in (("Faster or slower between runs", between, "B / A"),
                            (f"Changed {words}", within, "(B_x/B_ref) / (A_x/A_ref)")):
         items = [f"`{r['config']}` {r['cell']} {r['figure']} {_r(r)} — {r['verdict']}" for r in g.to_dict("records")]
-        out.append(f"- **{title}** ({note}): " + ("; ".join(items) if items else "none called") + ".")
+        if len(items) > FIRST_SCREEN_CALLS:
+            items = items[:FIRST_SCREEN_CALLS] + [f"and {len(items) - FIRST_SCREEN_CALLS} more (per cell, below)"]
+        count = f"{len(g)} called" if len(g) else "none called"
+        out.append(f"- **{title}** ({note}): {count}" + (": " + "; ".join(items) if items else "") + ".")
     return out
 
 
@@ -175,8 +179,8 @@ def cell_tables(pair: Pair, rows: pd.DataFrame) -> list[str]:
     for cell in dict.fromkeys(between["cell"]):
         out += [f"#### {pair.name}: {cell}", "",
                 f"| config | figure | {pair.a.label} | {pair.b.label} | B / A [95 %] | verdict | MDE | "
-                f"/ `{pair.reference}` in A | in B | change [95 %] | verdict |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+                f"/ `{pair.reference}` in A | in B | change [95 %] | verdict | MDE |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in between[between["cell"] == cell].to_dict("records"):
             w = within[(within["cell"] == cell) & (within["config"] == r["config"]) & (within["figure"] == r["figure"])]
             w = w.iloc[0] if len(w) else None
@@ -184,7 +188,7 @@ def cell_tables(pair: Pair, rows: pd.DataFrame) -> list[str]:
             wb = ratio_text(w["within_b"], w["within_b_lo"], w["within_b_hi"]) if w is not None else "–"
             out.append(f"| `{r['config']}` | {r['figure']} | {r['a_value']:,.1f} | {r['b_value']:,.1f} | {_r(r)} | "
                        f"{r['verdict']} | {_mde(r['mde'])} | {wa} | {wb} | {_r(w) if w is not None else '–'} | "
-                       f"{w['verdict'] if w is not None else '–'} |")
+                       f"{w['verdict'] if w is not None else '–'} | {_mde(w['mde']) if w is not None else '–'} |")
         out.append("")
     return out
 
