@@ -198,7 +198,8 @@ def test_the_two_gemma_runs(tmp_path):
     assert len(between) == 8
     assert round(between["ratio"].min(), 2) == 0.71 and round(between["ratio"].max(), 2) == 0.93
     within = table[(table["kind"] == WITHIN) & (table["figure"] == "throughput") & (table["concurrency"] == 1)]
-    pairs = {w: (round(a, 2), round(b, 2)) for w, a, b in zip(within["workload"], within["within_a"], within["within_b"])}
+    pairs = {w: (round(a, 2), round(b, 2))
+             for w, a, b in zip(within["workload"], within["within_a"], within["within_b"])}
     assert pairs == {"sharegpt": (1.83, 1.77), "humaneval": (1.57, 1.58)}
     assert set(table["verdict"]) == {decide.UNDECIDED}   # one launch per config in both runs
     assert "**Session shift**, throughput (`ar`" in text

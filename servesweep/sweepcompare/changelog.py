@@ -66,7 +66,8 @@ def entry(pair: Pair, table: pd.DataFrame) -> dict:
 def first_entry(run: ResultFolder) -> dict:
     """The entry of a log's first run: nothing to compare it with."""
     return {"run": run_id(run), "path": str(run.path), "started": run.started(), "after": None,
-            "configs": run.configs, "engine_versions": {c: m.get("engine_version") for c, m in sorted(run.metas.items())}}
+            "configs": run.configs,
+            "engine_versions": {c: m.get("engine_version") for c, m in sorted(run.metas.items())}}
 
 
 def append(path: Path, pairs: list[Pair], table: pd.DataFrame) -> list[dict]:

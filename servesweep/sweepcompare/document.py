@@ -93,7 +93,8 @@ def _same_line(pair: Pair, configs: list[str]) -> str:
 def _shift_lines(pair: Pair, rows: pd.DataFrame) -> list[str]:
     if not pair.has_shift:
         why = "; ".join(pair.problems)
-        return [f"- **Session shift**: not measurable — {why}. A shift of the whole session cannot be told apart from "
+        return [f"- **Session shift**: not measurable — {why}. A shift of the whole session cannot be told apart "
+                "from "
                 "a change of a config: the between-run ratios below hold both."]
     shift = rows[(rows["kind"] == BETWEEN) & (rows["config"] == pair.reference)]
     out = []
@@ -168,8 +169,8 @@ def _reproduce_lines(pair: Pair, rows: pd.DataFrame) -> list[str]:
 
 def first_screen(pair: Pair, rows: pd.DataFrame) -> list[str]:
     """The first screen of one pair of runs."""
-    return [f"### {pair.name} (A → B)", "", *_differs(pair), *_span_lines(rows), *_shift_lines(pair, rows), *_called_lines(rows, pair),
-            *_untold_lines(rows), *_reproduce_lines(pair, rows), ""]
+    return [f"### {pair.name} (A → B)", "", *_differs(pair), *_span_lines(rows), *_shift_lines(pair, rows),
+            *_called_lines(rows, pair), *_untold_lines(rows), *_reproduce_lines(pair, rows), ""]
 
 
 def cell_tables(pair: Pair, rows: pd.DataFrame) -> list[str]:
@@ -194,7 +195,8 @@ def cell_tables(pair: Pair, rows: pd.DataFrame) -> list[str]:
 
 
 def _runs_table(runs: list[ResultFolder]) -> list[str]:
-    out = ["| run | folder | first launch | configs | launches per config | engine versions |", "|---|---|---|---|---|---|"]
+    out = ["| run | folder | first launch | configs | launches per config | engine versions |",
+           "|---|---|---|---|---|---|"]
     for r in runs:
         launches = sorted({r.launches(c) for c in r.configs})
         versions = sorted({str(m.get("engine_version")) for m in r.metas.values()})
@@ -231,7 +233,8 @@ def render(pairs: list[Pair], runs: list[ResultFolder], table: pd.DataFrame, rul
     lines = ["# Comparison of runs", "", f"`{command}`", "", *_runs_table(runs),
              "Figures: output tok/s over the measured window (throughput) and per-request decode tok/s (per-request). "
              f"Verdicts under the sweep's rule (docs/measurement.md, \"When the report calls a difference\"): "
-             f"Benjamini–Hochberg at {rule.alpha:.0%} over each family — {sizes[BETWEEN]} decided comparisons between "
+             f"Benjamini–Hochberg at {rule.alpha:.0%} over each family — {sizes[BETWEEN]} decided comparisons "
+             "between "
              f"runs, {sizes[WITHIN]} of within-run ratios — and equivalence within ±{rule.margin:.0%}. Two runs are "
              "different sessions: no launch of one is paired with a launch of the other (docs/compare.md).", "",
              "## First screen", ""]

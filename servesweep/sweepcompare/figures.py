@@ -30,7 +30,8 @@ def ratio_chart(table: pd.DataFrame) -> alt.Chart:
     the within-run ratio's change (B's over A's)."""
     data = table[["pair", "kind", "config", "cell", "figure", "ratio", "lo", "hi", "verdict"]].copy()
     data = data[data["ratio"].notna()]
-    data["what"] = [f"{c} ({'B/A' if k == BETWEEN else 'within-run ratio, B/A'})" for c, k in zip(data["config"], data["kind"])]
+    data["what"] = [f"{c} ({'B/A' if k == BETWEEN else 'within-run ratio, B/A'})"
+                    for c, k in zip(data["config"], data["kind"])]
     if data["pair"].nunique() > 1:
         data["what"] = data["pair"] + ": " + data["what"]
     data["class"] = data["verdict"].map(verdict_class)
@@ -39,13 +40,14 @@ def ratio_chart(table: pd.DataFrame) -> alt.Chart:
     ends = [min(data["lo"].min(), 1.0) / 1.05, max(data["hi"].max(), 1.0) * 1.05] if len(data) else [0.5, 2.0]
     title, scale = "ratio (log scale), 95 % interval", alt.Scale(type="log", nice=False, domain=ends)
     ticks = [t for t in (0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0) if ends[0] <= t <= ends[1]]
-    x = alt.X("ratio:Q", title=title, scale=scale, axis=alt.Axis(values=ticks, format=".2~f"))
+    axis = alt.Axis(values=ticks, format=".2~f")
+    x = alt.X("ratio:Q", title=title, scale=scale, axis=axis)
     y = alt.Y("what:N", title=None)
     colour = alt.Color("class:N", title="verdict",
                        scale=alt.Scale(domain=["faster", "slower", "equivalent", "not decided"],
                                        range=["#1a9850", "#d73027", "#4575b4", "#969696"]))
     base = alt.Chart(data)
-    bars = base.mark_rule().encode(x=alt.X("lo:Q", title=title, scale=scale, axis=alt.Axis(values=ticks, format=".2~f")), x2="hi:Q", y=y, color=colour)
+    bars = base.mark_rule().encode(x=alt.X("lo:Q", title=title, scale=scale, axis=axis), x2="hi:Q", y=y, color=colour)
     points = base.mark_point(filled=True).encode(
         x=x, y=y, color=colour, tooltip=["pair", "config", "cell", "figure", alt.Tooltip("ratio:Q", format=".3f"),
                                          alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f"),
