@@ -186,6 +186,18 @@ def test_ratio_of_ratios_covers_the_truth():
     assert 0.92 <= hits / n <= 0.98
 
 
+def test_ratio_of_subtracts_logs_and_adds_variances():
+    num = decide.Estimate(1.2, 0, 0, math.log(1.2), 0.03, 4.0, 5, decide.PAIRED)
+    den = decide.Estimate(0.8, 0, 0, math.log(0.8), 0.04, 9.0, 10, decide.PAIRED)
+    est = decide.ratio_of(num, den)
+    assert est.ratio == pytest.approx(1.5) and est.se == pytest.approx(0.05)
+    assert est.df == pytest.approx(0.05 ** 4 / (0.03 ** 4 / 4 + 0.04 ** 4 / 9))
+    assert est.design == decide.UNPAIRED and est.n == 5 and est.lo < 1.5 < est.hi
+    assert decide.ratio_of(num, decide.NO_ESTIMATE) is decide.NO_ESTIMATE
+    one = decide.ratio_of(num, decide.Estimate(0.8, 0, 0, math.log(0.8), 0.04, 9.0, 10, decide.ONE_LAUNCH))
+    assert one.design == decide.ONE_LAUNCH
+
+
 GEMMA = Path(__file__).resolve().parent.parent / "examples"
 
 
