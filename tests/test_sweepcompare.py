@@ -30,12 +30,12 @@ def _meta(cfg: str, blocks: int, start: float, **over) -> dict:
 
 def write_run(root: Path, factor: dict, seed: int, blocks: int = 6, rounds: int = 2, start: float = 1.8e9,
               launch_cv: float = 0.02, round_cv: float = 0.01, metas: dict | None = None, names: dict | None = None,
-              baseline: str = "ar") -> Path:
+              baseline: str = "ar", run_id: str | None = None) -> Path:
     """A result folder: per config and cell, ``blocks`` launches of ``rounds`` rounds each, around TRUTH × factor,
     with a per-block drift shared by every config and per-launch and per-round noise (log-normal)."""
     rng = np.random.default_rng(seed)
     drift = rng.normal(0, 0.02, blocks)
-    run_id = f"run{seed}"
+    run_id = run_id or f"run{seed}"
     for cfg, level in TRUTH.items():
         name = (names or {}).get(cfg, cfg)
         rows, cells = [], []
@@ -70,11 +70,12 @@ SHIFT, CHANGE = 0.8, 1.3
 @pytest.fixture(scope="module")
 def shifted(tmp_path_factory):
     """Run A, and run B one session later: every config 0.8× (the shift), `big` 1.3× more (a real change) with a
-    new engine version."""
+    new engine version. Both carry the same run id (SERVESWEEP_RUN reused): launches of two runs are still not
+    paired."""
     root = tmp_path_factory.mktemp("cmp")
-    a = write_run(root / "a", {}, seed=1)
+    a = write_run(root / "a", {}, seed=1, run_id="same")
     b = write_run(root / "b", {c: SHIFT * (CHANGE if c == "big" else 1.0) for c in TRUTH}, seed=2, start=1.9e9,
-                  metas={"big": {"engine_version": "1.1"}})
+                  metas={"big": {"engine_version": "1.1"}}, run_id="same")
     out = root / "out"
     text = compare_folders([a, b], out, charts=False)
     return text, pd.read_csv(out / "comparisons.csv"), out
