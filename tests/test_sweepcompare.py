@@ -135,6 +135,20 @@ def test_one_launch_per_config_is_shown_and_not_decided(tmp_path):
     assert "leave launch-to-launch variation out" in text
 
 
+def test_a_config_with_failed_requests_is_left_out_of_the_family(tmp_path):
+    a = write_run(tmp_path / "a", {}, seed=30)
+    b = write_run(tmp_path / "b", {"big": 1.5}, seed=31)
+    cells = pd.read_csv(b / "runs" / "ngram" / "cells.csv").assign(requests=10, errors=10)
+    cells.to_csv(b / "runs" / "ngram" / "cells.csv", index=False)
+    text = compare_folders([a, b], tmp_path / "out", charts=False)
+    table = pd.read_csv(tmp_path / "out" / "comparisons.csv")
+    ngram = table[table["config"] == "ngram"]
+    assert ngram["verdict"].str.startswith("left out: `ngram` in b: failed").all()
+    assert ngram["ratio"].notna().all()
+    assert table.loc[table["kind"] == WITHIN, "family_size"].max() == 2 * len(CELLS)   # big's only
+    assert "**Left out** of the verdicts" in text
+
+
 def test_configs_are_matched_through_a_mapping(tmp_path):
     a = write_run(tmp_path / "a", {}, seed=7)
     b = write_run(tmp_path / "b", {}, seed=8, names={"ngram": "ngram-v2"})

@@ -143,6 +143,7 @@ def _untold_lines(rows: pd.DataFrame) -> list[str]:
         inconclusive = int(counts.get(decide.INCONCLUSIVE, 0))
         equivalent = int(sum(n for v, n in counts.items() if str(v).startswith("equivalent")))
         rest = int(counts.get(decide.NOT_MEASURABLE, 0) + counts.get(BUSY, 0))
+        left = int(sum(n for v, n in counts.items() if str(v).startswith("left out")))
         parts = [f"{inconclusive} inconclusive", f"{equivalent} equivalent within the margin"]
         if undecided:
             parts.append(f"{undecided} with no verdict (one launch per config in a run: the intervals are over rounds "
@@ -150,6 +151,8 @@ def _untold_lines(rows: pd.DataFrame) -> list[str]:
         if rest:
             parts.append(f"{rest} not measurable (fewer than two launches in a run, where the other has several) or "
                          "not compared (host busy)")
+        if left:
+            parts.append(f"{left} left out")
         out.append(f"- **Not told apart**, {kind}: of {len(g)}, " + ", ".join(parts) + ".")
     return out
 
@@ -167,10 +170,25 @@ def _reproduce_lines(pair: Pair, rows: pd.DataFrame) -> list[str]:
             + "."]
 
 
+def _flag_lines(rows: pd.DataFrame) -> list[str]:
+    out = []
+    left = rows[rows["verdict"].astype(str).str.startswith("left out")]
+    if len(left):
+        reasons = sorted(set(left["verdict"].str.removeprefix("left out: ")))
+        out.append(f"- **Left out** of the verdicts ({len(left)} comparisons; ratios still shown): "
+                   f"{'; '.join(reasons)}.")
+    bound = rows[rows["client_bound"].fillna(False).astype(bool)] if "client_bound" in rows else rows.iloc[0:0]
+    if len(bound):
+        cells = sorted(set(f"`{c}` {cell}" for c, cell in zip(bound["config"], bound["cell"])))
+        out.append(f"- **Client-bound** in a run (the client could not keep up, so the cell measured the client): "
+                   f"{'; '.join(cells)}.")
+    return out
+
+
 def first_screen(pair: Pair, rows: pd.DataFrame) -> list[str]:
     """The first screen of one pair of runs."""
     return [f"### {pair.name} (A → B)", "", *_differs(pair), *_span_lines(rows), *_shift_lines(pair, rows),
-            *_called_lines(rows, pair), *_untold_lines(rows), *_reproduce_lines(pair, rows), ""]
+            *_called_lines(rows, pair), *_untold_lines(rows), *_flag_lines(rows), *_reproduce_lines(pair, rows), ""]
 
 
 def cell_tables(pair: Pair, rows: pd.DataFrame) -> list[str]:

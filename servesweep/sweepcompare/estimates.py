@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from servesweep import compare, decide
+from servesweep import compare, decide, trust
 from servesweep.sweepcompare.runs import ResultFolder, reference_problems
 
 # The figures a cell is compared on (the sweep's two, docs/measurement.md "When the report calls a difference").
@@ -87,6 +87,25 @@ def level(rows: pd.DataFrame, column: str) -> float:
     return float(means.mean()) if len(means) else math.nan
 
 
+def _client_bound(run: ResultFolder, config: str, key: tuple) -> bool:
+    """Whether the run's cells table says the client could not keep up at this cell (it measured the client)."""
+    if run.cells.empty or "client_bound" not in run.cells:
+        return False
+    rows = compare.cell_rows(run.cells, config, key)
+    return bool(rows["client_bound"].fillna(False).astype(bool).any())
+
+
+def left_out(pair: Pair, configs: tuple[str, ...]) -> str:
+    """Why a comparison of these configs is left out of its family (their token counts are not trusted in a run,
+    :func:`servesweep.trust.untrusted_configs`); empty when it is not."""
+    for run in (pair.a, pair.b):
+        untrusted = trust.untrusted_configs(run.cells)
+        for config in configs:
+            if config in untrusted:
+                return f"`{config}` in {run.label}: {untrusted[config]}"
+    return ""
+
+
 def _row(pair: Pair, kind: str, config: str, key: tuple, figure: str, est: decide.Estimate, **extra) -> dict:
     return {"pair": pair.name, "run_a": pair.a.label, "run_b": pair.b.label, "kind": kind, "config": config,
             **dict(zip(compare.CELL_KEYS, key)), "cell": cell_label(key), "figure": figure, "estimate": est,
@@ -107,7 +126,8 @@ def pair_rows(pair: Pair) -> list[dict]:
             for column, figure in FIGURES.items():
                 est = decide.NO_ESTIMATE if busy else compare.estimate(ra, rb, column)
                 rows.append(_row(pair, BETWEEN, config, key, figure, est, a_value=level(ra, column),
-                                 b_value=level(rb, column), busy=busy))
+                                 b_value=level(rb, column), busy=busy, left_out=left_out(pair, (config,)),
+                                 client_bound=_client_bound(a, config, key) or _client_bound(b, config, key)))
     ref = pair.reference
     if not ref or ref not in a.metas or ref not in b.metas:
         return rows
@@ -124,7 +144,8 @@ def pair_rows(pair: Pair) -> list[dict]:
                 rows.append(_row(pair, WITHIN, config, key, figure, est, within_a=wa.ratio, within_a_lo=wa.lo,
                                  within_a_hi=wa.hi, within_a_design=wa.design, within_b=wb.ratio,
                                  within_b_lo=wb.lo, within_b_hi=wb.hi, within_b_design=wb.design, busy=busy,
-                                 relative_to_shift=pair.has_shift))
+                                 relative_to_shift=pair.has_shift, left_out=left_out(pair, (config, ref)),
+                                 client_bound=any(_client_bound(r, c, key) for r in (a, b) for c in (config, ref))))
     return rows
 
 
@@ -132,11 +153,13 @@ def decide_rows(rows: list[dict], rule: decide.Rule) -> pd.DataFrame:
     """The rows with their verdicts: each kind is one family (every pair, both figures) under the rule."""
     for kind in (BETWEEN, WITHIN):
         members = [r for r in rows if r["kind"] == kind]
-        for r, d in zip(members, decide.decide([r["estimate"] for r in members], rule)):
-            r.update(verdict=BUSY if r.get("busy") else d.verdict, q=d.q_difference, q_equivalence=d.q_equivalence,
-                     mde=d.mde, blocks_to_decide=d.blocks_to_decide, family=kind,
-                     family_size=sum(1 for m in members if m["estimate"].measurable
-                                     and m["estimate"].design != decide.ONE_LAUNCH))
+        # A comparison left out uses none of the family's slots; its ratio is still shown.
+        estimates = [decide.NO_ESTIMATE if r.get("left_out") else r["estimate"] for r in members]
+        size = sum(1 for e in estimates if e.measurable and e.design != decide.ONE_LAUNCH)
+        for r, d in zip(members, decide.decide(estimates, rule)):
+            verdict = f"left out: {r['left_out']}" if r.get("left_out") else BUSY if r.get("busy") else d.verdict
+            r.update(verdict=verdict, q=d.q_difference, q_equivalence=d.q_equivalence, mde=d.mde,
+                     blocks_to_decide=d.blocks_to_decide, family=kind, family_size=size)
     df = pd.DataFrame(rows)
     return df.drop(columns=["estimate"]) if "estimate" in df else df
 
