@@ -32,6 +32,7 @@ include: "rules/bench.smk"
 include: "rules/aggregate.smk"
 include: "rules/correctness.smk"
 include: "rules/report.smk"
+include: "rules/compare.smk"
 
 
 # On a cluster (profiles/slurm) these run on the submitting host: tables, charts and the report are light, and
@@ -45,6 +46,8 @@ localrules:
     plot_charts,
     write_findings,
     report,
+    compare_runs,
+    compare,
 
 
 rule all:

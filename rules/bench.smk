@@ -37,6 +37,9 @@ rule bench_config:
     params:
         run=get_bench_params,
         position=block_position,
+        # every launch of the sweep, for the line each job prints as it starts (launches done, time left)
+        sweep=[f"{c}.b{b}" for b in BLOCKS for c in SERVER_CONFIGS],
+        benchmarks="results/benchmarks/bench_config",  # where the benchmark: files above are
     script:
         "../scripts/bench_config.py"
 

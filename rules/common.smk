@@ -191,6 +191,26 @@ def get_run_outputs(name):
     return expand(f"results/runs/{{cfg}}/{name}", cfg=SERVER_CONFIGS)
 
 
+def get_compare_inputs(wildcards):
+    """The files the comparison reads: each result folder's run records; `results` is this sweep's own (its bench
+    jobs), any other folder must hold them already."""
+    runs = config["compare"]["runs"]
+    if len(runs) < 2:
+        raise WorkflowError(
+            f"compare.runs names {len(runs)} result folder(s): give two or more, oldest first (docs/compare.md)"
+        )
+    files = []
+    for run in runs:
+        if Path(run) == Path("results"):
+            files += [f for name in ("cells.csv", "repeats.csv", "meta.json") for f in get_run_outputs(name)]
+            continue
+        found = sorted(Path(run).glob("runs/*/meta.json"))
+        if not found:
+            raise WorkflowError(f"compare.runs: {run} holds no runs/<cfg>/meta.json (a result folder's run records)")
+        files += [str(m.parent / name) for m in found for name in ("cells.csv", "repeats.csv", "meta.json")]
+    return files
+
+
 def get_env_needs():
     """What the host check must verify for this sweep: engines, accelerators per server, model sizes, the configs
     that ask for NVLS (refused on hosts whose environment disables NVLink multicast), and the configs that run the
@@ -225,16 +245,17 @@ def report_chart(name, fmt):
     return in_report(f"results/report/{name}.{fmt}", name, "Charts", chart=name.replace("_", " "), format=fmt.upper())
 
 
-def report_chart_dir(folder, name):
-    """A chart folder results/report/<folder>/ that holds <name>.png and .svg only where the chart could be drawn."""
+def report_chart_dir(folder, name, root="results/report", category="Charts", stem=None):
+    """A chart folder <root>/<folder>/ that holds <stem>.png and .svg (stem: `name`) only where the chart could be
+    drawn, captioned by report/captions/<name>.rst."""
     caption = f"../report/captions/{name}.rst"
     if not (Path(workflow.basedir) / "report" / "captions" / f"{name}.rst").exists():
         raise WorkflowError(f"report/captions/{name}.rst does not exist: add it")
     return report(
-        directory(f"results/report/{folder}"),
-        patterns=[f"{name}.{{fmt}}"],
+        directory(f"{root}/{folder}"),
+        patterns=[f"{stem or name}.{{fmt}}"],
         caption=caption,
-        category="Charts",
+        category=category,
         labels={"chart": name.replace("_", " "), "format": "{fmt}"},
     )
 

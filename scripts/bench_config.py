@@ -10,6 +10,7 @@ from pathlib import Path
 from servesweep.bench import JobInputs, run_launch
 from servesweep.correctness.job import CorrectnessOutputs
 from servesweep.plan import BenchJob, Block, JobPaths
+from servesweep.progress import sweep_line
 
 cfg = snakemake.wildcards.cfg
 block = Block(int(snakemake.wildcards.block), snakemake.params.position, os.environ.get("SERVESWEEP_RUN", ""))
@@ -22,6 +23,7 @@ draft = list(snakemake.input.get("draft_model", []))  # the draft model's manife
 inputs = JobInputs(json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)),
                    host_warmup=json.load(open(warm[0])) if warm else None,
                    draft_manifest=json.load(open(draft[0])) if draft else None)
+sweep_line(cfg, block.index, list(snakemake.params.sweep), Path(snakemake.params.benchmarks))
 # Snakemake runs the job again while attempts are left; on its last, a failure is recorded as its outputs instead.
 run_launch(job, inputs, paths, CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)),
            last_attempt=snakemake.resources.attempts_left == 0)

@@ -126,6 +126,25 @@ def unpaired(a: Sequence[float], b: Sequence[float], design: str = UNPAIRED) -> 
     return Estimate(math.exp(mean), lo, hi, mean, se, df, n, design, float(pooled))
 
 
+def ratio_of(num: Estimate, den: Estimate) -> Estimate:
+    """The ratio of two independent ratios, num / den (two runs' ratios of one comparison; a run's change over the
+    session shift): log-ratios subtract, variances add, degrees of freedom by Welch–Satterthwaite. The result is
+    over rounds of one launch (``ONE_LAUNCH``) when either side is, else unpaired: the two come from different
+    runs, so nothing of one run's drift cancels the other's."""
+    if not (num.n and den.n) or not (math.isfinite(num.log_ratio) and math.isfinite(den.log_ratio)):
+        return NO_ESTIMATE
+    design = ONE_LAUNCH if ONE_LAUNCH in (num.design, den.design) else UNPAIRED
+    mean = num.log_ratio - den.log_ratio
+    n = min(num.n, den.n)
+    if not (num.measurable and den.measurable):
+        return Estimate(math.exp(mean), math.nan, math.nan, mean, math.nan, 0.0, n, design)
+    vn, vd = num.se ** 2, den.se ** 2
+    se = math.sqrt(vn + vd)
+    df = (vn + vd) ** 2 / (vn ** 2 / num.df + vd ** 2 / den.df)
+    lo, hi = _interval(mean, se, df)
+    return Estimate(math.exp(mean), lo, hi, mean, se, df, n, design)
+
+
 def p_difference(est: Estimate, min_effect: float = 0.0) -> float:
     """Two-sided p of "the log-ratio lies within ±ln(1 + min_effect)" (0: "no difference")."""
     if not est.measurable:

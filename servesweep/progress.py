@@ -1,5 +1,6 @@
-"""What the terminal shows while a bench job runs: one plain line per finished cell (config, block, cell, tok/s with
-the interval of the cell's repeats so far, errors, the job's cells done of its total and the time it has left).
+"""What the terminal shows while a bench job runs: a line as it starts with the sweep's launches done and the launch
+time left (:func:`sweep_line`), then one plain line per finished cell (config, block, cell, tok/s with the interval of
+the cell's repeats so far, errors, the job's cells done of its total and the time it has left).
 
 The lines are log records with ``extra=logs.TERMINAL``: the job's log gets them, and :func:`servesweep.logs.configure`
 sends them to the stderr the job started with too, which Snakemake's local executor leaves on its own terminal
@@ -7,9 +8,11 @@ sends them to the stderr the job started with too, which Snakemake's local execu
 interleave line by line, and CI and SLURM logs read them as written."""
 from __future__ import annotations
 
+import csv
 import logging
 import math
 import time
+from pathlib import Path
 
 from servesweep.logs import TERMINAL
 from servesweep.stats import mean_ci95
@@ -30,6 +33,29 @@ def cell_name(key) -> str:
     ``bench.CellKey``)."""
     load = f"C={int(key.concurrency)}" if key.closed else f"{key.request_rate:g} req/s"
     return f"{key.workload} ctx={key.ctx} {load}"
+
+
+def sweep_line(config: str, block: int, planned: list[str], benchmarks: Path) -> str:
+    """Log (and return) the line a bench job prints as it starts: which of the sweep's ``planned`` launches
+    (``{cfg}.b{block}`` names) have finished — those with a wall time in ``benchmarks`` (Snakemake's ``benchmark:``
+    file per job, from this run or an earlier one) — and the launch time left at their mean wall time. Jobs that
+    run side by side (``--cores N``) make the sweep's wall time shorter than the launch time left."""
+    walls = []
+    for name in planned:
+        path = benchmarks / f"{name}.tsv"
+        try:
+            with open(path, newline="") as fh:
+                walls.append(float(next(csv.DictReader(fh, delimiter="\t"))["s"]))
+        except (OSError, StopIteration, KeyError, ValueError):
+            continue
+    this = f"{config}.b{block}"
+    left = len(planned) - len(walls)  # this launch included
+    line = f"sweep: launch {this} starts, {len(walls)} of {len(planned)} launches done"
+    if walls:
+        mean = sum(walls) / len(walls)
+        line += f"; about {duration(mean * left)} of launch time left ({duration(mean)} per launch so far)"
+    log.info(line, extra=TERMINAL)
+    return line
 
 
 class CellProgress:

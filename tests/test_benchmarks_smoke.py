@@ -18,6 +18,7 @@ SMOKE = {
     "telemetry_sampler.py": [],
     "client_fidelity.py": ["--out", "{tmp}"],
     "pairing_gain.py": [],
+    "compare_calibration.py": [],
 }
 # script -> the test that runs it
 RUN_ELSEWHERE = {

@@ -35,6 +35,8 @@ def tiny_config() -> dict:
     config["server_configs"] = {name: config["server_configs"][name] for name in ("ar", "ngram")}
     for sc in config["server_configs"].values():
         sc["options"].update(parallel=2, ctx_size=2560)
+    # one open-loop cell per prompt set on the baseline (the default leaves them out for its time budget)
+    config["server_configs"]["ar"]["request_rates"] = [0.5]
     # The A/A check: an identical copy of the baseline, defined in full (not as a replicate): the report must find it
     # launched identically, decide it as its own family (the replicate check) and call it different nowhere.
     config["server_configs"]["ar-copy"] = copy.deepcopy(config["server_configs"]["ar"])

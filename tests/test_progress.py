@@ -3,7 +3,7 @@ import logging
 import math
 from types import SimpleNamespace
 
-from servesweep.progress import CellProgress, duration
+from servesweep.progress import CellProgress, duration, sweep_line
 
 
 def key(ctx, c=1, rep=0, rate=math.nan):
@@ -30,3 +30,22 @@ def test_each_finished_cell_is_one_line_with_its_figures_and_the_time_left(caplo
 def test_durations_read_as_a_person_says_them():
     assert [duration(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 5 s", "1 h 2 min"]
 
+
+
+def test_a_starting_job_says_how_much_of_the_sweep_is_done_and_left(tmp_path, caplog):
+    planned = [f"{c}.b{b}" for b in range(2) for c in ("ar", "ngram", "ar-np1")]
+    bench = tmp_path / "bench_config"
+    bench.mkdir()
+    header = "s\th:m:s\tmax_rss\n"
+    (bench / "ar.b0.tsv").write_text(header + "60.0\t0:01:00\t100\n")
+    (bench / "ngram.b0.tsv").write_text(header + "90.0\t0:01:30\t100\n")
+    (bench / "other.b0.tsv").write_text(header + "999.0\t0:16:39\t100\n")   # not a launch of this sweep
+    (bench / "ar-np1.b0.tsv").write_text("")                                # cut off before it was written
+    with caplog.at_level(logging.INFO, logger="servesweep.progress"):
+        line = sweep_line("ar-np1", 0, planned, bench)
+        first = sweep_line("ar", 0, planned, tmp_path / "none")
+    # 2 of 6 done at 75 s each: 4 launches left (this one included) = 5 min
+    assert line == ("sweep: launch ar-np1.b0 starts, 2 of 6 launches done; "
+                    "about 5 min 0 s of launch time left (1 min 15 s per launch so far)")
+    assert first == "sweep: launch ar.b0 starts, 0 of 6 launches done"
+    assert [r.getMessage() for r in caplog.records if getattr(r, "terminal", False)] == [line, first]

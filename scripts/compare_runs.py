@@ -1,0 +1,13 @@
+from servesweep.logs import configure
+
+configure(snakemake.log[0])
+
+from pathlib import Path
+
+from servesweep.decide import Rule
+from servesweep.sweepcompare import compare_folders
+
+p = snakemake.params
+compare_folders([Path(r) for r in p.runs], Path(snakemake.output.markdown).parent, p.mapping, p.reference,
+                Rule.from_config(p.decision), Path(p.changelog), command="snakemake --cores 1 compare",
+                default_reference=p.baseline)
