@@ -3,6 +3,7 @@ and nothing across groups, cells or repeats; each engine's counters give the ach
 servers' /metrics); a cell that achieved less than its workload intended is flagged, in cells.csv and the report."""
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +27,7 @@ class Matrix:
     output_tokens = 4
     output_jitter = 0.0
     real_text = {}
-    shared_prefix = {"prefix_tokens": 40, "suffix_tokens": 9, "group_size": 3}
+    shared_prefix = {"prefix_tokens": 40, "suffix_tokens": 9, "group_size": 3, "interleave": 1}
     endpoint = "completions"
 
 
@@ -54,6 +55,17 @@ def test_groups_share_exactly_their_prefix():
     other = _source(tag=8)
     assert all(other.get(i).payload[:40] != prompts[i].payload[:40] for i in range(9))  # cells and repeats differ
     assert _source(tag=7).get(4) == prompts[4]  # the same tag and index: the same prompt in every config
+
+
+def test_interleaved_groups_space_their_members():
+    source = replace(_source(tag=2), interleave=4)
+    assert [source.group_of(i) for i in range(13)] == [
+        (0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1), (0, 2), (1, 2), (2, 2), (3, 2), (4, 0)]
+    prompts = [source.get(i) for i in range(24)]
+    for g in range(8):
+        members = [p for p in prompts if p.prefix_group == f"2:{g}"]
+        assert len(members) == 3 and len({tuple(p.payload[:40]) for p in members}) == 1
+        assert [p.shared_prefix_tokens for p in members] == [0, 40, 40]
 
 
 def test_intended_hit_rate_counts_what_requests_share():

@@ -18,20 +18,27 @@ from servesweep.workloads.synthetic import SyntheticPrompts, corpus_text
 
 @dataclass(frozen=True)
 class SharedPrefixPrompts:
-    """Request ``index`` of a cell: the prefix of group ``index // group_size``, then a suffix of its own."""
+    """Request ``index`` of a cell: the prefix of its group (:meth:`group_of`), then a suffix of its own."""
 
     prefix: SyntheticPrompts
     suffix: SyntheticPrompts
     group_size: int
     tag: int = 0
+    # Groups in flight side by side: request i belongs to group (i // (size × k)) × k + i mod k, as its member
+    # (i // k) mod size, so a group's members are k requests apart (1: adjacent).
+    interleave: int = 1
+
+    def group_of(self, index: int) -> tuple[int, int]:
+        """(group, member) of request ``index``."""
+        k, size = self.interleave, self.group_size
+        return (index // (size * k)) * k + index % k, (index // k) % size
 
     def get(self, index: int) -> Prompt:
-        group = index // self.group_size
+        group, member = self.group_of(index)
         head = replace(self.prefix, tag=self.tag).get(group).payload
         tail = replace(self.suffix, tag=self.tag).get(index).payload
         return Prompt(head + tail, None, f"shared_prefix:{self.tag}:{group}:{index}",
-                      shared_prefix_tokens=len(head) if index % self.group_size else 0,
-                      prefix_group=f"{self.tag}:{group}")
+                      shared_prefix_tokens=len(head) if member else 0, prefix_group=f"{self.tag}:{group}")
 
 
 class SharedPrefix(Workload):
@@ -54,13 +61,14 @@ class SharedPrefix(Workload):
 
     async def prompt_sets(self, matrix: MatrixView, tokenize: Tokenize) -> PromptSets:
         prefix, suffix, group = self._lengths(matrix)
+        interleave = matrix.shared_prefix["interleave"]
         corpus = await tokenize(corpus_text(max(256, int(max(prefix, suffix) * 1.3) + 64), seed=23))
         head = await SyntheticPrompts.build(tokenize, corpus, prefix)
         tail = await SyntheticPrompts.build(tokenize, corpus, suffix)
         intended = (group - 1) * prefix / (group * (prefix + suffix))
-        return PromptSets({prefix + suffix: SharedPrefixPrompts(head, tail, group)},
+        return PromptSets({prefix + suffix: SharedPrefixPrompts(head, tail, group, interleave=interleave)},
                           {"workload": self.name, "prefix_tokens": prefix, "suffix_tokens": suffix,
-                           "group_size": group, "intended_hit_rate": intended,
+                           "group_size": group, "interleave": interleave, "intended_hit_rate": intended,
                            "intended": "(group_size − 1) × prefix / (group_size × (prefix + suffix)) of the prompt "
                                        "tokens: every request of a group but its first could take the prefix "
                                        "from the cache"})
