@@ -158,9 +158,12 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
         if ctx > MAX_CONTEXT_TOKENS:
             problems.append(("matrix.context_lengths", f"{ctx} tokens is beyond {MAX_CONTEXT_TOKENS}",
                              "use prompt lengths the model supports"))
-    for c in matrix.get("concurrencies", []):
-        if c > MAX_CONCURRENCY:
-            problems.append(("matrix.concurrencies", f"{c} is beyond {MAX_CONCURRENCY}", "lower the concurrency"))
+    own = [(f"server_configs.{n}.concurrencies", sc.get("concurrencies") or []) for n, sc in configs.items()
+           if isinstance(sc, dict)]
+    for key, values in [("matrix.concurrencies", matrix.get("concurrencies", [])), *own]:
+        for c in values:
+            if c > MAX_CONCURRENCY:
+                problems.append((key, f"{c} is beyond {MAX_CONCURRENCY}", "lower the concurrency"))
     for key in ("context_lengths", "concurrencies", "request_rates"):
         values = matrix.get(key, [])
         if len(set(values)) != len(values):
@@ -212,7 +215,7 @@ def _rate_problems(matrix: dict, configs: dict) -> list[tuple[str, str, str]]:
         rates = matrix.get("request_rates", []) if rates is None else rates
         own = sc.get("workloads") if isinstance(sc, dict) else None
         try:  # each workload says which cells it has (a trace its own rates, simulated users no rates)
-            typed = Matrix.from_config(matrix, own, rates)
+            typed = Matrix.from_config(matrix, own, rates, sc.get("concurrencies") if isinstance(sc, dict) else None)
             empty = not typed.cells() and not typed.rate_cells()
         except (ValueError, KeyError):  # a workload that cannot be read is reported on its own
             empty = not matrix.get("concurrencies") and not rates

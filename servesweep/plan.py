@@ -94,14 +94,15 @@ class Matrix:
 
     @classmethod
     def from_config(cls, matrix: dict, workloads: list[str] | None = None,
-                    request_rates: list[float] | None = None) -> "Matrix":
-        """The typed matrix of a validated config; ``workloads`` and ``request_rates`` (a server config's own
-        lists) override its lists."""
+                    request_rates: list[float] | None = None,
+                    concurrencies: list[int] | None = None) -> "Matrix":
+        """The typed matrix of a validated config; ``workloads``, ``request_rates`` and ``concurrencies`` (a server
+        config's own lists) override its lists."""
         matrix = filled(matrix, "matrix")
         warm, measure = matrix["warmup"], matrix["measure"]
         return cls(
             context_lengths=list(matrix["context_lengths"]),
-            concurrencies=list(matrix["concurrencies"]),
+            concurrencies=list(concurrencies or matrix["concurrencies"]),
             output_tokens=int(matrix["output_tokens"]),
             workloads=list(workloads or matrix["workloads"]),
             real_text=dict(matrix["real_text"]),
@@ -195,6 +196,7 @@ class ServerConfig:
     engine_settings: dict = field(default_factory=dict)
     workloads: list | None = None  # the config's own workloads, overriding the matrix's
     request_rates: list | None = None  # the config's own rate axis, overriding the matrix's
+    concurrencies: list | None = None  # the config's own closed-loop concurrencies, overriding the matrix's
     draft_model_name: str | None = None  # `draft_model`: another models entry, the draft of speculative decoding
     draft_model: dict | None = None
     draft_path: Path | None = None  # where the draft is on this host: set by the bench job from its manifest
@@ -229,6 +231,7 @@ class ServerConfig:
             engine_settings=dict(engine_settings),
             workloads=list(sc["workloads"]) if sc.get("workloads") else None,
             request_rates=[float(r) for r in sc["request_rates"]] if "request_rates" in sc else None,
+            concurrencies=[int(c) for c in sc["concurrencies"]] if sc.get("concurrencies") else None,
             draft_model_name=sc.get("draft_model"),
             draft_model=draft_model if sc.get("draft_model") else None,
         )
@@ -336,7 +339,8 @@ class BenchJob:
         """The job of config ``name`` from its rule's params (:func:`bench_params`), launched as ``block``."""
         server = ServerConfig.from_entry(name, params["server_config"], params["model"], params["engine_settings"],
                                          params.get("draft_model"))
-        return cls(server=server, matrix=Matrix.from_config(params["matrix"], server.workloads, server.request_rates),
+        return cls(server=server, matrix=Matrix.from_config(params["matrix"], server.workloads, server.request_rates,
+                                                                 server.concurrencies),
                    correctness=CorrectnessSettings.from_config(params["correctness"]),
                    slos=tuple(slos_from_config({"slo": params["slo"]})),
                    host=HostSettings.from_config(params["host"]), block=block,

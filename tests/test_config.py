@@ -110,7 +110,7 @@ def test_llamacpp_unknown_spec_type(default_config):
 
 
 def test_llamacpp_ctx_too_small_for_matrix(default_config):
-    default_config["server_configs"]["ar"]["options"]["ctx_size"] = 2048  # 4 slots x 512 < 1024 + 64 (ShareGPT cap)
+    default_config["server_configs"]["ar"]["options"]["ctx_size"] = 512  # 4 slots x 128 < 128-token prompts + up to 80 output tokens (64, jitter 0.25)
     problems, _ = problems_of(default_config)
     assert problems[0][0] == "server_configs.ar.options.ctx_size"
     assert "at least" in problems[0][2]
@@ -285,3 +285,21 @@ def test_host_name_must_be_a_name(default_config, name):
     default_config.setdefault("host", {})["name"] = name
     problems, _ = problems_of(default_config)
     assert problems[0][0] == "host.name" and "'/'" in problems[0][2]
+
+
+def test_a_config_can_measure_its_own_concurrencies(default_config):
+    from servesweep.plan import BenchJob, bench_params
+
+    config = default_config
+    config["server_configs"]["ngram"]["concurrencies"] = [1]
+    config["server_configs"]["ar-np1"]["concurrencies"] = [4]
+    check_config(config)
+    cells = {name: {c for _, _, c in BenchJob.from_params(name, bench_params(config, name)).matrix.cells()}
+             for name in ("ar", "ngram", "ar-np1")}
+    assert cells == {"ar": set(config["matrix"]["concurrencies"]), "ngram": {1}, "ar-np1": {4}}
+    config["server_configs"]["ngram"]["concurrencies"] = [0]
+    _, text = problems_of(config)
+    assert "server_configs.ngram.concurrencies" in text
+    config["server_configs"]["ngram"]["concurrencies"] = [100000]
+    problems, _ = problems_of(config)
+    assert [p[0] for p in problems if "beyond" in p[1]] == ["server_configs.ngram.concurrencies"]

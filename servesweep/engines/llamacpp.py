@@ -1,6 +1,8 @@
 """llama.cpp's native ``llama-server`` (the embedded default's engine)."""
 from __future__ import annotations
 
+import math
+
 import re
 import shutil
 import subprocess
@@ -133,7 +135,8 @@ class LlamaCppEngine(Engine):
         if "ctx_size" in opts and matrix is not None:
             slots = max(1, int(opts.get("parallel", 1)))
             per_slot = opts["ctx_size"] if opts.get("kv_unified") else opts["ctx_size"] // slots
-            need = matrix.longest_prompt() + matrix.output_tokens + 16
+            # the longest output a request can ask for: output_jitter draws up to (1 + j) × output_tokens
+            need = matrix.longest_prompt() + math.ceil(matrix.output_tokens * (1 + matrix.output_jitter)) + 16
             if per_slot < need:
                 problems.append((f"{key}.ctx_size",
                                  f"{opts['ctx_size']} tokens over {opts.get('parallel', 1)} slots leaves {per_slot} per "
