@@ -293,7 +293,7 @@ def test_a_config_can_measure_its_own_concurrencies(default_config):
     config = default_config
     config["server_configs"]["ngram"]["concurrencies"] = [1]
     config["server_configs"]["ar-np1"]["concurrencies"] = [4]
-    check_config(config)
+    config = check_config(config)
     cells = {name: {c for _, _, c in BenchJob.from_params(name, bench_params(config, name)).matrix.cells()}
              for name in ("ar", "ngram", "ar-np1")}
     assert cells == {"ar": set(config["matrix"]["concurrencies"]), "ngram": {1}, "ar-np1": {4}}

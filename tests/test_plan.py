@@ -37,7 +37,9 @@ def test_the_job_is_built_from_the_rules_params(default_config):
     params = bench_params(config, "ngram")
     job = BenchJob.from_params("ngram", json.loads(json.dumps(params)), Block(1, 2, "r1"))
     assert job.name == "ngram" and job.server == ServerConfig.from_config("ngram", config)
-    assert job.matrix == Matrix.from_config(config["matrix"], job.server.workloads, job.server.request_rates)
+    assert job.matrix == Matrix.from_config(config["matrix"], job.server.workloads, job.server.request_rates,
+                                            job.server.concurrencies)
+    assert job.server.concurrencies == config["server_configs"]["ngram"].get("concurrencies")
     assert job.correctness == CorrectnessSettings.from_config(config["correctness"])
     assert job.host == HostSettings(parallel_cpu_benches=config["host"]["parallel_cpu_benches"],
                                     lock_dir=config["host"].get("lock_dir"), when_busy=config["host"]["when_busy"])

@@ -289,6 +289,7 @@ def test_rate_only_matrix_is_allowed(default_config):
 def test_rate_config_errors_name_the_key(default_config, change, key):
     for sc in default_config["server_configs"].values():
         sc.pop("request_rates", None)
+        sc.pop("concurrencies", None)  # every config on the matrix's concurrencies
     change(default_config["matrix"], default_config["server_configs"])
     problems = _problems(default_config)
     assert key in [p[0] for p in problems], problems

@@ -262,3 +262,24 @@ def test_the_compare_target_plans_one_job_from_recorded_folders():
     assert sorted(r for r, _ in planned_jobs(proc.stdout)) == ["compare", "compare_runs"]
     one = _dry_run('compare={"runs": ["examples/h200-sglang-gemma"]}')
     assert one.returncode != 0 and "give two or more" in one.stdout + one.stderr
+
+
+def test_the_committed_llamacpp_release_comparison(tmp_path, monkeypatch):
+    """examples/cpu-llamacpp-versions/compare/: two llama.cpp releases on the CPU, every config's engine changed, so
+    no session shift can be read and the comparison says so; the committed output is what the command writes."""
+    root = GEMMA.parent
+    monkeypatch.chdir(root)
+    runs = [Path("examples/cpu-llamacpp-versions/llamacpp-0.3.36"), Path("examples/cpu-llamacpp-versions/llamacpp-0.3.35")]
+    command = ("python -m servesweep.sweepcompare examples/cpu-llamacpp-versions/llamacpp-0.3.36 "
+               "examples/cpu-llamacpp-versions/llamacpp-0.3.35 --out examples/cpu-llamacpp-versions/compare")
+    text = compare_folders(runs, tmp_path, command=command, charts=False)
+    committed = root / "examples/cpu-llamacpp-versions/compare"
+    assert text == (committed / "COMPARE.md").read_text()
+    assert "engine_facts.llama_cpp_python_sdist: 0.3.36 → 0.3.35" in text
+    assert "**Session shift**: not measurable — `ar`'s engine_version differs" in text
+    rows = pd.read_csv(tmp_path / "comparisons.csv")
+    between = rows[rows["kind"] == "between runs"]
+    assert len(between) == 8 and set(between["verdict"]) == {"inconclusive"}
+    ngram = between[(between["config"] == "ngram") & (between["cell"] == "128 tokens, C = 1")
+                    & (between["figure"] == "throughput")].iloc[0]
+    assert round(ngram["ratio"], 2) == 0.90 and ngram["lo"] < 1 < ngram["hi"]

@@ -122,8 +122,10 @@ def _called_lines(rows: pd.DataFrame, pair: Pair) -> list[str]:
     within = rows[(rows["kind"] == WITHIN) & rows["verdict"].map(_called)]
     out = []
     words = "relative to the session shift" if pair.has_shift else "within-run ratio to " + f"`{pair.reference}`"
-    for title, g, note in (("Faster or slower between runs", between, "B / A"),
-                           (f"Changed {words}", within, "(B_x/B_ref) / (A_x/A_ref)")):
+    families = [("Faster or slower between runs", between, "B / A")]
+    if pair.reference is not None:  # no reference config, no within-run ratios
+        families.append((f"Changed {words}", within, "(B_x/B_ref) / (A_x/A_ref)"))
+    for title, g, note in families:
         items = [f"`{r['config']}` {r['cell']} {r['figure']} {_r(r)} — {r['verdict']}" for r in g.to_dict("records")]
         if len(items) > FIRST_SCREEN_CALLS:
             items = items[:FIRST_SCREEN_CALLS] + [f"and {len(items) - FIRST_SCREEN_CALLS} more (per cell, below)"]
@@ -198,7 +200,8 @@ def cell_tables(pair: Pair, rows: pd.DataFrame) -> list[str]:
     for cell in dict.fromkeys(between["cell"]):
         out += [f"#### {pair.name}: {cell}", "",
                 f"| config | figure | {pair.a.label} | {pair.b.label} | B / A [95 %] | verdict | MDE | "
-                f"/ `{pair.reference}` in A | in B | change [95 %] | verdict | MDE |",
+                f"/ {f'`{pair.reference}`' if pair.reference else 'a reference'} in A | in B | change [95 %] | "
+                "verdict | MDE |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in between[between["cell"] == cell].to_dict("records"):
             w = within[(within["cell"] == cell) & (within["config"] == r["config"]) & (within["figure"] == r["figure"])]
