@@ -35,6 +35,7 @@ def tiny_config() -> dict:
     config["server_configs"] = {name: config["server_configs"][name] for name in ("ar", "ngram")}
     for sc in config["server_configs"].values():
         sc["options"].update(parallel=2, ctx_size=2560)
+        sc.pop("concurrencies", None)  # every config on the tiny matrix's concurrencies
     # one open-loop cell per prompt set on the baseline (the default leaves them out for its time budget)
     config["server_configs"]["ar"]["request_rates"] = [0.5]
     # The A/A check: an identical copy of the baseline, defined in full (not as a replicate): the report must find it
