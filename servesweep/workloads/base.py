@@ -125,13 +125,19 @@ def intended_hit_rate(records: list[dict]) -> float:
     """The share of the prompt tokens of ``records`` that their workload meant a prefix cache to serve: the sum of
     their ``shared_prefix_tokens`` over the sum of their prompt lengths (usage's, else the requested). NaN without
     a length."""
+    return _token_share(records, lambda r: r.get("shared_prefix_tokens") or 0)
+
+
+def _token_share(records: list[dict], served) -> float:
+    """``served(r)`` tokens summed over ``records`` over their prompt lengths (usage's, else the requested); records
+    without a length are left out. NaN when none has one."""
     shared = total = 0
     for r in records:
         length = r.get("prompt_tokens") or r.get("requested_prompt_tokens")
         if not length:
             continue
         total += length
-        shared += r.get("shared_prefix_tokens") or 0
+        shared += served(r)
     return shared / total if total else math.nan
 
 
@@ -145,16 +151,14 @@ def reachable_hit_rate(records: list[dict], measured: list[dict]) -> float:
     for r in records:
         if r.get("prefix_group") and r.get("chunks"):
             first_token.setdefault(r["prefix_group"], []).append(r["chunks"][0][0])
-    shared = total = 0
-    for r in measured:
-        length = r.get("prompt_tokens") or r.get("requested_prompt_tokens")
-        if not length:
-            continue
-        total += length
+
+    def served(r: dict) -> int:
         group = r.get("prefix_group")
         if group and r.get("shared_prefix_tokens") and any(t < r["send"] for t in first_token.get(group, ())):
-            shared += r["shared_prefix_tokens"]
-    return shared / total if total else math.nan
+            return r["shared_prefix_tokens"]
+        return 0
+
+    return _token_share(measured, served)
 
 
 # ---------------------------------------------------------------------------------------------------- real text
