@@ -80,9 +80,21 @@ def test_shared_prefix_and_its_prefix_cache_accounting(embedded, tmp_path):
     achieved = row["prefix_cache_hit_rate"]
     assert 0 <= achieved <= 1 and row["prefix_cache_prompt_tokens"] > 0
     assert bool(row["prefix_reuse_missed"]) == (achieved < row["intended_hit_rate"] - 0.1)
-    # at C = 2 a group's first two requests go out together (two streams free up together), so the second is not
-    # counted as reachable: the first had streamed no token when it was sent
-    assert 0 < row["reachable_hit_rate"] < row["intended_hit_rate"]
+    # reachable: a request's shared prefix counts only where one of its group (warm-up included) had streamed its
+    # first token before it was sent. Whether two of a group went out together at C = 2 depends on the host's timing
+    # (on a loaded 2-core machine every one may have waited), so the row is checked against the records, not a figure
+    cell_records = [r for r in requests if r.get("prefix_group")]
+    first = {}
+    for r in cell_records:
+        if r.get("chunks"):
+            first.setdefault(r["prefix_group"], []).append(r["chunks"][0][0])
+    reachable = sum(r["shared_prefix_tokens"] for r in measured
+                    if any(t < r["send"] for t in first.get(r["prefix_group"], ())))
+    assert row["reachable_hit_rate"] == pytest.approx(reachable / sum(r["prompt_tokens"] for r in measured))
+    assert 0 < row["reachable_hit_rate"] <= row["intended_hit_rate"]
+    together = [r for r in measured if r["shared_prefix_tokens"]
+                and not any(t < r["send"] for t in first.get(r["prefix_group"], ()))]
+    assert (row["reachable_hit_rate"] < row["intended_hit_rate"]) == bool(together)
     # the per-request usage says the same thing from the other side
     assert all(isinstance(r["cached_prompt_tokens"], int) for r in measured)
     assert row["usage_cached_hit_rate"] == pytest.approx(
