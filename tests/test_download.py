@@ -179,18 +179,23 @@ def test_multi_connection_download_and_no_refetch(site, tmp_path, capsys):
 def test_resume_after_killing_aria2c(site, tmp_path):
     data = blob(8 << 20, seed=2)
     site.files["/big.bin"] = data
-    site.throttle_bps = 256 << 10
+    # per connection, and aria2 opens up to 8 here: at most 1 MiB/s in all, so the kill comes long before the end
+    site.throttle_bps = 128 << 10
     scratch = tmp_path / "downloads" / "m"
+    control = scratch / "big.bin.aria2"
     f = RemoteFile("big.bin", site.base + "/big.bin", len(data), sha(data))
     with Aria2Daemon(scratch) as daemon:
         d = daemon.api.add_uris([f.url], options=aria2_options(f, []))
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
+        reached = None
         while time.monotonic() < deadline:
             d.update()
-            if d.completed_length > (1 << 20) and (scratch / "big.bin.aria2").exists():
+            if reached is None and d.completed_length > (2 << 20) and control.exists():
+                reached = time.time()
+            # kill only once the control file was saved after 2 MiB had arrived (a fixed sleep raced a slow host)
+            if reached is not None and control.stat().st_mtime > reached + 0.05:
                 break
-            time.sleep(0.1)
-        time.sleep(1.2)  # one auto-save interval, so the control file records the progress
+            time.sleep(0.05)
         daemon.proc.kill()
         daemon.proc.wait()
     assert (scratch / "big.bin").exists() and (scratch / "big.bin.aria2").exists()
