@@ -5,6 +5,7 @@ the engines, is :mod:`servesweep.config`'s.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import copy
@@ -148,6 +149,12 @@ class Matrix:
     def longest_prompt(self) -> int:
         """The longest prompt any cell can send, in tokens (each workload says its own)."""
         return max(get_workload(w).longest_prompt(self) for w in self.workloads)
+
+    def longest_request(self) -> tuple[int, str]:
+        """The most tokens one request of any cell can hold — its longest prompt plus the longest output it may ask
+        for (``output_jitter`` draws up to (1 + j) × ``output_tokens``) — and the workload it comes from."""
+        output = math.ceil(self.output_tokens * (1 + self.output_jitter))
+        return max((get_workload(w).longest_prompt(self) + output, w) for w in self.workloads)
 
     def _prompt_sets(self) -> list[tuple[str, int]]:
         return [(w, ctx) for w in self.workloads for ctx in get_workload(w).prompt_lengths(self)]

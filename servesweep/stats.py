@@ -281,6 +281,28 @@ def arrival_stats(records: list[dict], t_start: float, t_end: float, rate: float
     }
 
 
+def in_flight_stats(records: list[dict], t_start: float, t_end: float) -> dict:
+    """The concurrency a cell reached over its window [t_start, t_end): ``in_flight_mean`` (requests in flight,
+    averaged over the window's time) and ``in_flight_max`` (the most at once), from each request's send and end."""
+    length = t_end - t_start
+    events = []
+    for r in records:
+        start, end = max(r["send"], t_start), min(r.get("end") or t_end, t_end)
+        if end > start:
+            events += [(start, 1), (end, -1)]
+    if not events or length <= 0:
+        return {"in_flight_mean": math.nan, "in_flight_max": math.nan}
+    events.sort()
+    level = peak = 0
+    area, last = 0.0, t_start
+    for t, step in events:
+        area += level * (t - last)
+        last = t
+        level += step
+        peak = max(peak, level)
+    return {"in_flight_mean": area / length, "in_flight_max": peak}
+
+
 def wilson_ci95(good: int, n: int) -> tuple[float, float]:
     """Wilson score 95 % interval of a proportion ``good`` / ``n``; (NaN, NaN) for n = 0."""
     if n <= 0:

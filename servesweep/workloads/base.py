@@ -67,6 +67,8 @@ class Workload(ABC):
     open_loop: ClassVar[bool] = True
     # Whether it runs closed-loop (concurrency cells); a replayed trace runs open-loop only.
     closed_loop: ClassVar[bool] = True
+    # The config key that sets its prompts' lengths, which a context check names in its fix.
+    length_key: ClassVar[str] = "matrix.context_lengths"
 
     @property
     def needs(self) -> tuple[str, ...]:
@@ -258,6 +260,7 @@ class RealTextWorkload(Workload):
     server's tokenizer, sent as text (completions) or as one user message (chat)."""
 
     endpoints = ("completions", "chat")
+    length_key = "matrix.real_text.max_prompt_tokens"
 
     def longest_prompt(self, matrix: MatrixView) -> int:
         return matrix.real_text["max_prompt_tokens"]

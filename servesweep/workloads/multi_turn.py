@@ -91,6 +91,7 @@ class MultiTurn(Workload):
     endpoints = ("chat",)
     reuses_prefixes = True
     open_loop = False
+    length_key = "matrix.multi_turn"
 
     def longest_prompt(self, matrix: MatrixView) -> int:
         m = matrix.multi_turn
