@@ -204,6 +204,8 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(stats_mod.window_stats(records, t0, t1))
     if spec.arrivals is not None:
         row.update(stats_mod.arrival_stats(records, t0, t1, spec.arrivals.rate))
+        if hasattr(spec.prompt_source, "conversation"):  # sessions arriving: the rate is theirs, not the requests'
+            row.update(stats_mod.session_stats(records, t0, t1, spec.arrivals.rate))
     row.update(stats_mod.goodput_stats(records, t0, t1, slos))
     row.update(stats_mod.in_flight_stats(records, t0, t1))
     ok = [r for r in measured if not r.get("error") and r.get("prompt_tokens") is not None]
@@ -359,6 +361,9 @@ def _cell_line(row: CellRow) -> str:
     key, c = row.key, row.columns
     offered = "" if key.closed else (f", {c['achieved_arrival_rps']:.2f} req/s sent of {key.request_rate:g} "
                                      f"offered, send lag p99 {c['send_lag_p99_ms']:.1f} ms")
+    if "session_rate" in c:
+        offered = (f", {c['sessions_started_rps']:.2f} sessions/s started of {c['session_rate']:g} offered, "
+                   f"{c['request_rps_reached']:.2f} req/s, up to {c['in_flight_max']:.0f} in flight")
     return (f"[{row.config}] {key.workload} ctx={key.ctx} {_shown(key)} rep={key.repeat}: "
             f"{c.get('agg_output_tok_s', math.nan):.1f} tok/s over {c['window_s']:.1f} s "
             f"({c['requests']} requests in the window{offered}), {c['errors']} errors")

@@ -90,6 +90,7 @@ class Matrix:
     shared_prefix: dict
     multi_turn: dict
     trace: dict
+    sharegpt_multi_turn: dict
     # A cell whose achieved prefix-cache hit rate falls this far below the rate its workload intended is flagged.
     prefix_reuse_tolerance: float
 
@@ -127,6 +128,7 @@ class Matrix:
             shared_prefix=dict(matrix["shared_prefix"]),
             multi_turn=dict(matrix["multi_turn"]),
             trace=dict(matrix["trace"]),
+            sharegpt_multi_turn=dict(matrix["sharegpt_multi_turn"]),
             prefix_reuse_tolerance=float(matrix["prefix_reuse_tolerance"]),
         )
 

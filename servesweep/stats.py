@@ -303,6 +303,17 @@ def in_flight_stats(records: list[dict], t_start: float, t_end: float) -> dict:
     return {"in_flight_mean": area / length, "in_flight_max": peak}
 
 
+def session_stats(records: list[dict], t_start: float, t_end: float, rate: float) -> dict:
+    """What an open-loop cell of sessions reached over its window [t_start, t_end): ``session_rate`` (offered,
+    sessions/s), ``sessions_started_rps`` (sessions whose first turn was sent inside the window / window) and
+    ``request_rps_reached`` (every turn sent inside it / window)."""
+    length = max(t_end - t_start, 1e-9)
+    inside = [r for r in records if t_start <= r["send"] < t_end]
+    return {"session_rate": rate,
+            "sessions_started_rps": sum(1 for r in inside if r.get("scheduled") is not None) / length,
+            "request_rps_reached": len(inside) / length}
+
+
 def wilson_ci95(good: int, n: int) -> tuple[float, float]:
     """Wilson score 95 % interval of a proportion ``good`` / ``n``; (NaN, NaN) for n = 0."""
     if n <= 0:

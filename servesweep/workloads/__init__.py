@@ -16,6 +16,7 @@ from servesweep.workloads.shared_prefix import SharedPrefix, SharedPrefixPrompts
 from servesweep.workloads.sharegpt import (RULES, SHAREGPT_BYTES, SHAREGPT_COMPLETE_ENTRIES, SHAREGPT_FILENAME,
                                            SHAREGPT_PACKAGE, SHAREGPT_PARTIAL_NOTE, SHAREGPT_SHA256, SHAREGPT_USABLE,
                                            ShareGPT, sharegpt_cache_dir, sharegpt_conversations)
+from servesweep.workloads.sharegpt_multi_turn import ShareGPTMultiTurn
 from servesweep.workloads.synthetic import Synthetic, SyntheticPrompts, corpus_text
 from servesweep.workloads.trace import Trace, TracePrompts, generate_trace, read_trace
 
@@ -48,6 +49,7 @@ register(HumanEval())
 register(SharedPrefix())
 register(MultiTurn())
 register(Trace())
+register(ShareGPTMultiTurn())
 
 
 def workload_names() -> list[str]:
