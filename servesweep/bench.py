@@ -27,11 +27,13 @@ from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
 from servesweep.engines import get_engine
+from servesweep.engines.base import CONTEXT_SLACK_TOKENS
 from servesweep.envcheck import cpu_model
 from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, failure_message, publish_failure,
                                        remeasure_command)
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
                                   tail_lines, wait_until_ready)
+from servesweep.models import model_max_context
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
 from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
 from servesweep.progress import CellProgress
@@ -202,7 +204,10 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(stats_mod.window_stats(records, t0, t1))
     if spec.arrivals is not None:
         row.update(stats_mod.arrival_stats(records, t0, t1, spec.arrivals.rate))
+        if hasattr(spec.prompt_source, "conversation"):  # sessions arriving: the rate is theirs, not the requests'
+            row.update(stats_mod.session_stats(records, t0, t1, spec.arrivals.rate))
     row.update(stats_mod.goodput_stats(records, t0, t1, slos))
+    row.update(stats_mod.in_flight_stats(records, t0, t1))
     ok = [r for r in measured if not r.get("error") and r.get("prompt_tokens") is not None]
     row["prompt_tokens_per_request"] = statistics.fmean(r["prompt_tokens"] for r in ok) if ok else math.nan
     row.update(client)
@@ -223,13 +228,16 @@ class CellServerDied(ServerStartError):
 
 async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, session: aiohttp.ClientSession,
                    telemetry: Telemetry, source, key: CellKey, first: bool, slos: list[SLO] | tuple = (),
-                   block: Block = Block()) -> CellRow:
+                   block: Block = Block(), capacity: dict | None = None) -> CellRow:
     """One repeat of one cell from its prompt ``source``: the load plan (warm-up, window, arrivals), the load, its
     measured columns. ``first``: the job's first cell, which warms an engine that skipped its own warm-up.
+
+    ``capacity``: the KV capacity the server reported (``Engine.kv_capacity``), for ``kv_capacity_columns``.
 
     Raises :class:`ServerStartError` when the server died during the cell (its requests are in the error's ``row``).
     """
     base = server.base_url
+    capacity = capacity or {}
     closed = key.closed
     workload = get_workload(key.workload)
     conc = int(key.concurrency) if closed else matrix.max_concurrency
@@ -282,9 +290,47 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     cell_records = [r for r in records if r.get("phase") != "client-bound"]
     columns.update(workload.cell_columns([r for r in cell_records if r.get("phase") == "measured"]))
     columns.update(prefix_reuse_columns(workload, cell_records, columns, matrix.prefix_reuse_tolerance))
+    columns.update(kv_capacity_columns(capacity, [r for r in cell_records if r.get("phase") == "measured"], columns))
     if not closed:
         columns["max_concurrency"] = matrix.max_concurrency
     return row
+
+
+def kv_capacity_columns(capacity: dict, measured: list[dict], columns: dict) -> dict:
+    """What a cell asked of the server's KV cache against what the server said it holds (``capacity``:
+    ``Engine.kv_capacity``): ``kv_tokens_per_request`` (the measured requests' mean prompt plus output tokens, as the
+    usage counted them), ``kv_demand_tokens`` (that times the most requests in flight at once, ``in_flight_max``),
+    ``kv_capacity_tokens`` and ``kv_queued_by_capacity`` — demand beyond capacity: the server cannot hold every
+    request in flight at once, so some wait for KV space and the cell is not the load its level names. Each request's
+    tokens are counted in full: a prefix cache that holds a shared prefix once needs less."""
+    done = [r for r in measured if not r.get("error") and r.get("prompt_tokens") is not None]
+    per_request = (statistics.fmean(r["prompt_tokens"] + (r.get("completion_tokens") or 0) for r in done)
+                   if done else math.nan)
+    demand = per_request * columns.get("in_flight_max", math.nan)
+    cap = capacity.get("kv_capacity_tokens", math.nan)
+    return {"kv_capacity_tokens": cap, "kv_capacity_source": capacity.get("kv_capacity_source", ""),
+            "kv_tokens_per_request": per_request, "kv_demand_tokens": demand,
+            "kv_queued_by_capacity": bool(cap == cap and demand == demand and demand > cap)}
+
+
+def check_model_context(job: BenchJob, manifest: dict) -> dict:
+    """The matrix's longest request against the model's own maximum context as its files state it
+    (``models.model_max_context``), before any server starts: a ValueError naming the key and the fix where it does
+    not fit; the model's figure (for meta.json) where it does, {} where the files do not say."""
+    found = model_max_context(manifest)
+    if found is None:
+        return {}
+    most, where = found
+    need, workload = job.matrix.longest_request()
+    need += CONTEXT_SLACK_TOKENS
+    if need > most:
+        key = get_workload(workload).length_key
+        raise ValueError(f"config key `{key}`: the longest request of config '{job.name}' needs {need} tokens "
+                         f"({workload}: its longest prompt and output, plus {CONTEXT_SLACK_TOKENS} for the template), "
+                         f"beyond the {most}-token context of model '{job.server.model_name}' ({where}) — fix: lower "
+                         f"{key} (or matrix.output_tokens) so that a request holds at most {most} tokens, or serve a "
+                         "model with a longer context")
+    return {"model_max_context_tokens": most, "model_max_context_source": where}
 
 
 def prefix_reuse_columns(workload, records: list[dict], columns: dict, tolerance: float) -> dict:
@@ -315,6 +361,9 @@ def _cell_line(row: CellRow) -> str:
     key, c = row.key, row.columns
     offered = "" if key.closed else (f", {c['achieved_arrival_rps']:.2f} req/s sent of {key.request_rate:g} "
                                      f"offered, send lag p99 {c['send_lag_p99_ms']:.1f} ms")
+    if "session_rate" in c:
+        offered = (f", {c['sessions_started_rps']:.2f} sessions/s started of {c['session_rate']:g} offered, "
+                   f"{c['request_rps_reached']:.2f} req/s, up to {c['in_flight_max']:.0f} in flight")
     return (f"[{row.config}] {key.workload} ctx={key.ctx} {_shown(key)} rep={key.repeat}: "
             f"{c.get('agg_output_tok_s', math.nan):.1f} tok/s over {c['window_s']:.1f} s "
             f"({c['requests']} requests in the window{offered}), {c['errors']} errors")
@@ -332,6 +381,10 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
     base = server.base_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         sources, described = await _prompt_sources(session, base, engine, matrix)
+        try:
+            capacity = await engine.kv_capacity(session, base)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            capacity = {}
         await writer.keep_metrics(session, base, engine.metrics_path, "metrics-start.prom")
         cells = ([(w, ctx, "concurrency", c) for w, ctx, c in matrix.cells()]
                  + [(w, ctx, "rate", r) for w, ctx, r in matrix.rate_cells()])
@@ -347,7 +400,8 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                               math.nan if closed else level, rep)
                 try:
                     row = await run_cell(server, engine, sc, matrix, session, telemetry, source, key,
-                                         first=rep == 0 and k == 0, slos=slos, block=block)
+                                         first=rep == 0 and k == 0, slos=slos, block=block,
+                                         capacity=capacity)
                 except CellServerDied as died:
                     # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
                     writer.add_requests(died.row.request_records())
@@ -447,6 +501,7 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
     sc, engine, gpus = job.server, get_engine(job.server.engine), held.gpus
     # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
     # before anything is measured beside it.
+    model_context = check_model_context(job, inputs.manifest)  # before any server starts
     spec, port, reaped = claim_launch(paths.servers_dir, gpus, engine, sc, Path(inputs.manifest["path"]),
                                       inputs.engine_facts)
     writer = CellWriter(paths.attempt_dir)
@@ -454,6 +509,7 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
                            records_dir=paths.servers_dir, name=job.name, gpus=gpus, config=asdict(sc))
     telemetry = Telemetry(gpus, samples_path=paths.attempt_dir / "telemetry.csv")
     meta = launch_meta(job, inputs, engine, spec, port, reaped, held)
+    meta.update(model_context)
     # Kernels the engine compiles into its cache folders while this server starts: one-time work of the host.
     cache_dirs = engine.cache_dirs(spec.env)
     cache_before = cache_snapshot(cache_dirs)

@@ -223,7 +223,8 @@ def _rate_problems(matrix: dict, configs: dict) -> list[tuple[str, str, str]]:
             key = "matrix.concurrencies" if not matrix.get("request_rates") else f"server_configs.{name}.request_rates"
             problems.append((key, f"config '{name}' would have no cell: no concurrency and no request rate its "
                              "workloads run at", "list concurrencies, or request rates (matrix.request_rates) to "
-                             "measure, for its workloads (a trace runs open-loop only, multi_turn closed-loop only)"))
+                             "measure, for its workloads (a trace runs open-loop only; a session workload's rate cells are its "
+                             "session_rates)"))
     return problems
 
 

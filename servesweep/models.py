@@ -185,6 +185,74 @@ def convert_gguf(name: str, spec: dict, dest_dir: Path, source_manifests: dict) 
             "files": [{k: f[k] for k in ("name", "size", "sha256")} for f in stamp["files"]]}
 
 
+def model_max_context(manifest: dict) -> tuple[int, str] | None:
+    """The model's own maximum context in tokens, read from its files, and where: a Hugging Face folder's
+    ``config.json`` ``max_position_embeddings`` (or its ``text_config``'s), a GGUF's ``<architecture>.context_length``;
+    None where the files do not say (or cannot be read here)."""
+    path = Path(manifest["path"])
+    if manifest.get("format", "hf") == "hf":
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        for where, section in (("", config), ("text_config.", config.get("text_config") or {})):
+            value = section.get("max_position_embeddings")
+            if isinstance(value, int) and value > 0:
+                return value, f"{path / 'config.json'} {where}max_position_embeddings"
+        return None
+    try:
+        return gguf_context_length(path)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+# GGUF metadata value types (ggml's gguf.h): fixed sizes in bytes; 8 is a string, 9 an array.
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_INTS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
+
+
+def gguf_context_length(path: Path) -> tuple[int, str] | None:
+    """``<general.architecture>.context_length`` from a GGUF file's metadata, read key by key from its header (the
+    whole file is never parsed: both keys come before the tokenizer's arrays). None where the header lacks it."""
+    import struct
+
+    with open(path, "rb") as fh:
+        def read(fmt: str):
+            size = struct.calcsize(fmt)
+            return struct.unpack(fmt, fh.read(size))[0]
+
+        def string() -> str:
+            return fh.read(read("<Q")).decode("utf-8", errors="replace")
+
+        def skip(kind: int) -> None:
+            if kind == 8:
+                fh.seek(read("<Q"), 1)
+            elif kind == 9:
+                inner, n = read("<I"), read("<Q")
+                if inner in _GGUF_SIZES:
+                    fh.seek(_GGUF_SIZES[inner] * n, 1)
+                else:
+                    for _ in range(n):
+                        skip(inner)
+            else:
+                fh.seek(_GGUF_SIZES[kind], 1)
+
+        if fh.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        read("<I")  # version
+        read("<Q")  # tensors
+        arch = None
+        for _ in range(read("<Q")):
+            key, kind = string(), read("<I")
+            if key == "general.architecture" and kind == 8:
+                arch = string()
+            elif arch is not None and key == f"{arch}.context_length" and kind in _GGUF_INTS:
+                return int(read(_GGUF_INTS[kind])), f"{path.name} {key}"
+            else:
+                skip(kind)
+    return None
+
+
 def _dist_version(module_name: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 

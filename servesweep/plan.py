@@ -5,6 +5,7 @@ the engines, is :mod:`servesweep.config`'s.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import copy
@@ -89,6 +90,7 @@ class Matrix:
     shared_prefix: dict
     multi_turn: dict
     trace: dict
+    sharegpt_multi_turn: dict
     # A cell whose achieved prefix-cache hit rate falls this far below the rate its workload intended is flagged.
     prefix_reuse_tolerance: float
 
@@ -126,6 +128,7 @@ class Matrix:
             shared_prefix=dict(matrix["shared_prefix"]),
             multi_turn=dict(matrix["multi_turn"]),
             trace=dict(matrix["trace"]),
+            sharegpt_multi_turn=dict(matrix["sharegpt_multi_turn"]),
             prefix_reuse_tolerance=float(matrix["prefix_reuse_tolerance"]),
         )
 
@@ -148,6 +151,12 @@ class Matrix:
     def longest_prompt(self) -> int:
         """The longest prompt any cell can send, in tokens (each workload says its own)."""
         return max(get_workload(w).longest_prompt(self) for w in self.workloads)
+
+    def longest_request(self) -> tuple[int, str]:
+        """The most tokens one request of any cell can hold — its longest prompt plus the longest output it may ask
+        for (``output_jitter`` draws up to (1 + j) × ``output_tokens``) — and the workload it comes from."""
+        output = math.ceil(self.output_tokens * (1 + self.output_jitter))
+        return max((get_workload(w).longest_prompt(self) + output, w) for w in self.workloads)
 
     def _prompt_sets(self) -> list[tuple[str, int]]:
         return [(w, ctx) for w in self.workloads for ctx in get_workload(w).prompt_lengths(self)]

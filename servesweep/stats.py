@@ -281,6 +281,39 @@ def arrival_stats(records: list[dict], t_start: float, t_end: float, rate: float
     }
 
 
+def in_flight_stats(records: list[dict], t_start: float, t_end: float) -> dict:
+    """The concurrency a cell reached over its window [t_start, t_end): ``in_flight_mean`` (requests in flight,
+    averaged over the window's time) and ``in_flight_max`` (the most at once), from each request's send and end."""
+    length = t_end - t_start
+    events = []
+    for r in records:
+        start, end = max(r["send"], t_start), min(r.get("end") or t_end, t_end)
+        if end > start:
+            events += [(start, 1), (end, -1)]
+    if not events or length <= 0:
+        return {"in_flight_mean": math.nan, "in_flight_max": math.nan}
+    events.sort()
+    level = peak = 0
+    area, last = 0.0, t_start
+    for t, step in events:
+        area += level * (t - last)
+        last = t
+        level += step
+        peak = max(peak, level)
+    return {"in_flight_mean": area / length, "in_flight_max": peak}
+
+
+def session_stats(records: list[dict], t_start: float, t_end: float, rate: float) -> dict:
+    """What an open-loop cell of sessions reached over its window [t_start, t_end): ``session_rate`` (offered,
+    sessions/s), ``sessions_started_rps`` (sessions whose first turn was sent inside the window / window) and
+    ``request_rps_reached`` (every turn sent inside it / window)."""
+    length = max(t_end - t_start, 1e-9)
+    inside = [r for r in records if t_start <= r["send"] < t_end]
+    return {"session_rate": rate,
+            "sessions_started_rps": sum(1 for r in inside if r.get("scheduled") is not None) / length,
+            "request_rps_reached": len(inside) / length}
+
+
 def wilson_ci95(good: int, n: int) -> tuple[float, float]:
     """Wilson score 95 % interval of a proportion ``good`` / ``n``; (NaN, NaN) for n = 0."""
     if n <= 0:

@@ -336,7 +336,7 @@ def test_humaneval_sample():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"name": "sharegtp"}, r"matrix\.workloads: 'sharegtp' is not a workload; choose synthetic, sharegpt, "
-                           r"humaneval, .* or trace$"),
+                           r"humaneval, .* or sharegpt_multi_turn$"),
     ({"name": "synthetic"}, r"matrix\.workloads: 'synthetic' makes its own prompts and is not sampled"),
     # the rule sets are ShareGPT's: checked before its file is read
     ({"name": "sharegpt", "rules": "vlm"}, r"rules.*'vlm' is not a rule set; choose vllm or sglang"),

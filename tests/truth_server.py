@@ -4,8 +4,9 @@ Standard library only. It takes llama-server's argv (``--port``, ``--host``, ``-
 other flag is accepted and ignored, ``--version`` prints a version line and exits), so a config runs it through
 ``engines.llamacpp.binary`` (a wrapper script that execs ``python3 tests/truth_server.py "$@"``). It answers what
 servesweep asks of a llama-server: ``/health`` (503 for the first 0.2 s), ``/v1/models`` (the alias), ``/props``
-(``total_slots``), ``/metrics`` (``llamacpp:n_decode_total`` and token counters), ``POST /tokenize`` (one id per
-word or punctuation mark, ``{"tokens": [...]}``), ``POST /detokenize`` and ``POST /v1/completions``: a one-shot
+(``total_slots``; with ``--ctx-size`` one slot's ``n_ctx``), ``/metrics`` (``llamacpp:n_decode_total`` and token counters), ``POST /tokenize`` (one id per
+word or punctuation mark, ``{"tokens": [...]}``), ``POST /detokenize``, ``POST /v1/chat/completions`` (the messages' words plus 4 template tokens each; ``delta``
+chunks) and ``POST /v1/completions``: a one-shot
 JSON answer, or for ``"stream": true`` one token per server-sent event, a usage event and ``[DONE]``. Requests
 beyond ``--parallel`` slots wait for a free slot, as llama-server's do.
 
@@ -50,6 +51,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 VERSION_LINE = "version: 0 (truth-server)"
 DEFAULTS = {"default_speed": 40.0, "gamma": 0.8, "launch_cv": 0.03, "token_cv": 0.1, "prefill_tok_s": 20000.0,
             "drift": {}, "speeds": {}}
+# Tokens the chat endpoint counts around each message (its stand-in for a chat template).
+CHAT_TEMPLATE_TOKENS = 4
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
@@ -99,8 +102,8 @@ def launch_seed(truth: dict) -> int:
 def parse_argv(argv: list[str]) -> dict:
     """The llama-server flags this server uses; all others are ignored (a flag's value is skipped with it)."""
     wanted = {"--port": "port", "--host": "host", "--alias": "alias", "--parallel": "parallel", "-np": "parallel",
-              "--truth-speed": "speed"}
-    out = {"port": 8080, "host": "127.0.0.1", "alias": "truth-model", "parallel": 1, "speed": None}
+              "--truth-speed": "speed", "--ctx-size": "ctx_size", "-c": "ctx_size"}
+    out = {"port": 8080, "host": "127.0.0.1", "alias": "truth-model", "parallel": 1, "speed": None, "ctx_size": None}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -113,6 +116,7 @@ def parse_argv(argv: list[str]) -> dict:
         i += 1
     out["port"], out["parallel"] = int(out["port"]), max(1, int(out["parallel"]))
     out["speed"] = float(out["speed"]) if out["speed"] is not None else None
+    out["ctx_size"] = int(out["ctx_size"]) if out["ctx_size"] is not None else None
     return out
 
 
@@ -182,8 +186,10 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/v1/models":
             self._json({"object": "list", "data": [{"id": STATE.args["alias"], "object": "model"}]})
         elif path == "/props":
-            self._json({"total_slots": STATE.args["parallel"], "model_path": "truth-server",
-                        "build_info": VERSION_LINE})
+            props = {"total_slots": STATE.args["parallel"], "model_path": "truth-server", "build_info": VERSION_LINE}
+            if STATE.args["ctx_size"]:  # one slot's context, as llama-server reports it
+                props["default_generation_settings"] = {"n_ctx": STATE.args["ctx_size"] // STATE.args["parallel"]}
+            self._json(props)
         elif path == "/metrics":
             text = ("# HELP llamacpp:n_decode_total Total number of llama_decode() calls\n"
                     "# TYPE llamacpp:n_decode_total counter\n"
@@ -207,12 +213,17 @@ class Handler(BaseHTTPRequestHandler):
             self._json({"content": " ".join(f"t{t}" for t in body.get("tokens", []))})
         elif path in ("/v1/completions", "/completion", "/completions"):
             self._complete(body)
+        elif path == "/v1/chat/completions":
+            self._complete(body, chat=True)
         else:
             self._json({"error": {"message": "not found"}}, 404)
 
-    def _complete(self, body: dict) -> None:
+    def _complete(self, body: dict, chat: bool = False) -> None:
         prompt = body.get("prompt") or []
         n_prompt = len(prompt) if isinstance(prompt, list) else len(tokenize(str(prompt)))
+        if chat:  # the messages' words, plus CHAT_TEMPLATE_TOKENS of template around each
+            n_prompt = sum(len(tokenize(str(m.get("content", "")))) + CHAT_TEMPLATE_TOKENS
+                           for m in body.get("messages") or [])
         n = max(1, int(body.get("max_tokens", body.get("n_predict", 16)) or 16))
         if not body.get("stream"):
             self._json({"choices": [{"index": 0, "text": " t0" * min(n, 1), "finish_reason": "length"}],
@@ -234,8 +245,9 @@ class Handler(BaseHTTPRequestHandler):
                     wait = due - time.monotonic()
                     if wait > 0:
                         time.sleep(wait)
-                    event = {"choices": [{"index": 0, "text": f" t{i}",
-                                          "finish_reason": "length" if i == n - 1 else None}]}
+                    finish = "length" if i == n - 1 else None
+                    event = ({"choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": finish}]}
+                             if chat else {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": finish}]})
                     self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
                     with STATE.lock:
                         STATE.decoded += 1

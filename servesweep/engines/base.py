@@ -6,11 +6,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import aiohttp
 
 from servesweep import promtext
+from servesweep.workloads import get_workload
 
 if TYPE_CHECKING:  # type names only: loading an engine module stays cheap
     from servesweep.plan import Matrix, ServerConfig
@@ -120,6 +121,21 @@ def gpu_jit_cache_dirs(env: dict | None, *extra: str) -> list[Path]:
     return dirs + [Path(str(e).replace("~", str(home), 1)) for e in extra]
 
 
+# Tokens a request holds besides its prompt and output (a chat template's, a BOS), allowed for by the context check.
+CONTEXT_SLACK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class ContextLimit:
+    """What a config's options let one request hold: ``tokens`` under option ``option`` (``what`` says how, for
+    messages), and ``needed(n)``: the option's value that would hold ``n`` tokens per request."""
+
+    option: str
+    tokens: int
+    what: str
+    needed: Callable[[int], int] = lambda n: n
+
+
 class Engine(abc.ABC):
     """One inference server. Subclasses say what differs; defaults suit an OpenAI-compatible server.
 
@@ -163,6 +179,8 @@ class Engine(abc.ABC):
         if problems:
             return problems
         problems = self.engine_problems(sc, matrix)
+        if matrix is not None:
+            problems += self.context_problems(sc, matrix)
         world = self.world_size(sc.options)
         if host_gpus is not None and world > host_gpus:
             problems.append((f"server_configs.{sc.name}.options",
@@ -240,6 +258,41 @@ class Engine(abc.ABC):
     def engine_problems(self, sc: ServerConfig, matrix: Matrix | None) -> list[Problem]:
         """The engine's own checks of a config whose options are known and well typed."""
         return []
+
+    def context_limit(self, sc: ServerConfig) -> ContextLimit | None:
+        """The tokens one request can hold under the config's options (llama.cpp's slot size, SGLang's
+        ``context_length``, vLLM's ``max_model_len``), where its options set them; None where the server sizes its
+        context itself (from the model's own maximum)."""
+        return None
+
+    def context_problems(self, sc: ServerConfig, matrix: Matrix) -> list[Problem]:
+        """The longest request of the matrix against the model's own maximum context
+        (``models.<m>.architecture.max_context_tokens``, its config's ``max_position_embeddings``, where the config
+        states it; the bench job reads the model's own files before it launches) and against the context the
+        config's options give one request (:meth:`context_limit`)."""
+        need, workload = matrix.longest_request()
+        need += CONTEXT_SLACK_TOKENS
+        length_key = get_workload(workload).length_key
+        what = (f"the longest request needs {need} tokens ({workload}: its longest prompt and output, plus "
+                f"{CONTEXT_SLACK_TOKENS} for the template)")
+        problems = []
+        most = (sc.model.get("architecture") or {}).get("max_context_tokens")
+        if most is not None and need > most:
+            problems.append((length_key, f"{what}, beyond the {most}-token context of model '{sc.model_name}' "
+                             f"(models.{sc.model_name}.architecture.max_context_tokens)",
+                             f"lower {length_key} (or matrix.output_tokens) so that a request holds at most {most} "
+                             "tokens, or serve a model with a longer context"))
+        limit = self.context_limit(sc)
+        if limit is not None and limit.tokens < need:
+            problems.append((f"server_configs.{sc.name}.options.{limit.option}",
+                             f"{limit.what} leaves {limit.tokens} tokens per request, but {what}",
+                             f"raise {limit.option} to at least {limit.needed(need)}, or lower {length_key}"))
+        return problems
+
+    async def kv_capacity(self, session: aiohttp.ClientSession, base_url: str) -> dict:
+        """The KV cache's capacity in tokens as the running server reports it — ``{"kv_capacity_tokens": n,
+        "kv_capacity_source": where it was read}`` — or {} where the server does not say."""
+        return {}
 
     def config_warnings(self, sc: ServerConfig) -> list[str]:
         """Non-fatal notes (e.g. a silent server-side cap) shown in the job log and the report."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from servesweep import logs, promtext
 from servesweep.engines import llamacpp_build
-from servesweep.engines.base import (SERVING_FLAGS, Engine, LaunchSpec, LogEvent, per_position_columns,
+from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, LaunchSpec, LogEvent, per_position_columns,
                                      spec_counter_columns)
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
@@ -132,17 +132,28 @@ class LlamaCppEngine(Engine):
         if sc.model.get("format") != "gguf":
             problems.append((f"models.{sc.model_name}.format", "llama.cpp serves GGUF files only",
                              "point this config at a model with format: gguf"))
-        if "ctx_size" in opts and matrix is not None:
-            slots = max(1, int(opts.get("parallel", 1)))
-            per_slot = opts["ctx_size"] if opts.get("kv_unified") else opts["ctx_size"] // slots
-            # the longest output a request can ask for: output_jitter draws up to (1 + j) × output_tokens
-            need = matrix.longest_prompt() + math.ceil(matrix.output_tokens * (1 + matrix.output_jitter)) + 16
-            if per_slot < need:
-                problems.append((f"{key}.ctx_size",
-                                 f"{opts['ctx_size']} tokens over {opts.get('parallel', 1)} slots leaves {per_slot} per "
-                                 f"request, but the matrix needs {need} (longest prompt + output tokens)",
-                                 f"raise ctx_size to at least {need * slots}"))
         return problems
+
+    def context_limit(self, sc):
+        opts = sc.options
+        if "ctx_size" not in opts:
+            return None
+        # each of --parallel slots holds ctx_size / parallel tokens, unless the KV cache is unified
+        slots = 1 if opts.get("kv_unified") else max(1, int(opts.get("parallel", 1)))
+        return ContextLimit("ctx_size", opts["ctx_size"] // slots,
+                            f"ctx_size {opts['ctx_size']} over {opts.get('parallel', 1)} slots", lambda n: n * slots)
+
+    async def kv_capacity(self, session, base_url):
+        # /props: default_generation_settings.n_ctx is one slot's context; every slot holds its own (not unified)
+        async with session.get(base_url + "/props") as resp:
+            if resp.status != 200:
+                return {}
+            props = await resp.json(content_type=None)
+        n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+        slots = props.get("total_slots")
+        if not isinstance(n_ctx, int) or not isinstance(slots, int):
+            return {}
+        return {"kv_capacity_tokens": n_ctx * slots, "kv_capacity_source": "/props n_ctx × total_slots"}
 
     def world_size(self, options):
         return 1 if int(options.get("n_gpu_layers", 0) or 0) != 0 else 0

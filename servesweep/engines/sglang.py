@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from servesweep import promtext
-from servesweep.engines.base import (SERVING_FLAGS, Engine, HostNeeds, LaunchSpec, LogEvent, cell_label, gpu_jit_cache_dirs,
+from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, LogEvent, cell_label, gpu_jit_cache_dirs,
                                      spec_columns)
 from servesweep.numeric import mean_or_nan
 from servesweep.versions import version_tuple
@@ -502,6 +502,24 @@ class SGLangEngine(Engine):
         if info is None:
             return {}, ["neither /server_info nor /get_server_info answered"]
         return server_identity(info, sc.options, sc.served_name)
+
+    def context_limit(self, sc):
+        if "context_length" not in sc.options:
+            return None  # SGLang takes the model's own maximum
+        return ContextLimit("context_length", sc.options["context_length"],
+                            f"context_length {sc.options['context_length']}")
+
+    async def kv_capacity(self, session, base_url):
+        # /server_info's max_total_num_tokens: the tokens its KV pool holds (the log's "max_total_num_tokens=")
+        for path in ("/server_info", "/get_server_info"):
+            async with session.get(base_url + path) as resp:
+                if resp.status == 200:
+                    info = await resp.json(content_type=None)
+                    tokens = info.get("max_total_num_tokens")
+                    if isinstance(tokens, int):
+                        return {"kv_capacity_tokens": tokens, "kv_capacity_source": f"{path} max_total_num_tokens"}
+                    return {}
+        return {}
 
     async def flush_cache(self, session, base_url):
         # 400 while requests are still running or queued; the bench calls this between cells.

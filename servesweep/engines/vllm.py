@@ -13,7 +13,7 @@ import subprocess
 import time
 
 from servesweep import promtext
-from servesweep.engines.base import (SERVING_FLAGS, Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
+from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
                                      per_position_columns, spec_counter_columns)
 
 # The variable that makes vLLM's API server register its development routes, /reset_prefix_cache among them.
@@ -220,6 +220,14 @@ class VLLMEngine(Engine):
         argv += self.option_argv(options) + sc.extra_args
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
 
+    def context_limit(self, sc):
+        if "max_model_len" not in sc.options:
+            return None  # vLLM takes the model's own maximum
+        return ContextLimit("max_model_len", sc.options["max_model_len"], f"max_model_len {sc.options['max_model_len']}")
+
+    async def kv_capacity(self, session, base_url):
+        return kv_capacity_from_metrics(await promtext.scrape(session, base_url, self.metrics_path))
+
     async def flush_cache(self, session, base_url):
         # POST /reset_prefix_cache: vLLM registers it among its development routes only, with VLLM_SERVER_DEV_MODE=1
         # (build_app: `if envs.VLLM_SERVER_DEV_MODE: register_vllm_dev_api_routers(app)`; the route is in
@@ -336,3 +344,22 @@ class VLLMEngine(Engine):
         out.update(spec_counter_columns(draft_tokens, accepted, verify))
         out.update(per_position_columns(promtext.by_label(d, METRIC_ACCEPTED_PER_POSITION, "position"), verify))
         return out
+
+
+def kv_capacity_from_metrics(text: str | None) -> dict:
+    """The KV cache's capacity from a vLLM /metrics body's ``vllm:cache_config_info`` labels: its
+    ``kv_cache_size_tokens`` where it has one (what vLLM logs as "GPU KV cache size: N tokens", which counts a hybrid
+    model's cache groups), else ``num_gpu_blocks`` × ``block_size``; {} without them."""
+    for (name, labels), _ in promtext.parse_samples(text).items():
+        if name != "vllm:cache_config_info":
+            continue
+        lab = dict(labels)
+        tokens = lab.get("kv_cache_size_tokens", "None")
+        if tokens.isdigit():
+            return {"kv_capacity_tokens": int(tokens), "kv_capacity_source": "/metrics cache_config_info "
+                    "kv_cache_size_tokens"}
+        blocks, size = lab.get("num_gpu_blocks", "None"), lab.get("block_size", "None")
+        if blocks.isdigit() and size.isdigit():
+            return {"kv_capacity_tokens": int(blocks) * int(size),
+                    "kv_capacity_source": "/metrics cache_config_info num_gpu_blocks × block_size"}
+    return {}

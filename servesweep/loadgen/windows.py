@@ -216,7 +216,9 @@ async def run_in_process(spec: LoadSpec, before_measuring: Callable[[], None] | 
     monitor.start()
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:
-        if spec.arrivals is not None:
+        if spec.arrivals is not None and hasattr(spec.prompt_source, "conversation"):
+            streams = [_open_sessions(spec, target, done, stopped, unsent)]
+        elif spec.arrivals is not None:
             streams = [_open_loop(spec, target, take, done, lambda: window is not None and window.stop, unsent)]
         elif steady and hasattr(spec.prompt_source, "conversation"):
             # users are numbered across worker processes as their indices are: index_start, + index_step, ...
@@ -245,6 +247,66 @@ async def _sleep_unless(seconds: float, stopped: Callable[[], bool]) -> None:
     end = now() + seconds
     while (left := end - now()) > 0 and not stopped():
         await asyncio.sleep(min(left, STOP_POLL_S))
+
+
+async def _open_sessions(spec: LoadSpec, target: Target, done: Callable[[dict], None], stopped: Callable[[], bool],
+                         unsent: list[int]) -> None:
+    """Open-loop sessions: session k starts when send k of ``spec.arrivals``' schedule is due (a Poisson process at
+    the session rate), whatever the server's pace, and then runs its turns as a user does — each turn after the reply
+    to the last and the think time. At most ``max_concurrency`` requests are in flight (a turn due while the cap is
+    full waits, ``client_queue_s``). No session starts once the window has closed, and a running one sends no
+    further turn; a turn still waiting for a slot then is not sent (counted in ``unsent``).
+
+    Each request records ``session_start`` (when its session was due) and ``client_queue_s``; a session's first
+    turn also ``scheduled`` and ``send_lag_s``, as an open-loop request does."""
+    plan = spec.arrivals
+    schedule = ArrivalSchedule(plan)
+    slots = asyncio.Semaphore(plan.max_concurrency)
+    loop = asyncio.get_running_loop()
+    running: set[asyncio.Task] = set()
+    next_index = 0
+
+    async def session(k: int, due: float) -> None:
+        nonlocal next_index
+        conversation = spec.prompt_source.conversation(k, 0)
+        prompt, first = conversation.first(), True
+        while prompt is not None:
+            ready = now()
+            async with slots:
+                if stopped():
+                    unsent.append(k)
+                    return
+                queued = now() - ready
+                index = next_index
+                next_index += 1
+                rec = await stream_one(target, spec, prompt, index)
+            rec["session_start"] = due
+            rec["client_queue_s"] = queued
+            if first:
+                rec["scheduled"] = due
+                rec["send_lag_s"] = rec["send"] - due - queued
+            first = False
+            done(rec)
+            prompt = None if rec["error"] else conversation.next(rec)
+            if prompt is not None:
+                await _sleep_unless(conversation.think_s, stopped)
+                if stopped():
+                    return
+
+    origin = now()
+    k = 0
+    while True:
+        due = origin + schedule.time(k)
+        while (delay := due - now()) > 0 and not stopped():
+            await asyncio.sleep(min(delay, STOP_POLL_S))
+        if stopped():
+            break
+        task = loop.create_task(session(k, due))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        k += 1
+    if running:
+        await asyncio.gather(*running)
 
 
 async def _open_loop(spec: LoadSpec, target: Target, take: Callable[[], tuple[int, object] | None],

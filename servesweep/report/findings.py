@@ -87,12 +87,29 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, rule: de
             out.append(f"- `{r.config}` {cell_label(r)}: the measured window reached `matrix.measure.max_seconds` "
                        "before enough requests completed; its latency percentiles rest on fewer requests than asked for.")
     out += prefix_reuse_findings(cells)
+    out += kv_capacity_findings(cells)
     if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
         synthetic = cells[cells.get("workload", "synthetic") == "synthetic"]
         off = synthetic[(synthetic["prompt_tokens_per_request"] - synthetic["requested_prompt_tokens"]).abs() > 2]
         for r in off.itertuples():
             out.append(f"- `{r.config}` ctx={r.ctx}: the server counted {r.prompt_tokens_per_request:.0f} prompt "
                        f"tokens per request for {r.requested_prompt_tokens} requested.")
+    return out
+
+
+def kv_capacity_findings(cells: pd.DataFrame) -> list[str]:
+    """A line per cell whose requests in flight needed more KV cache than the server said it holds
+    (``kv_queued_by_capacity``): its requests queued for KV space, so it is not the load its level names and its
+    comparisons are left out (``aggregate.KV_QUEUED``)."""
+    if "kv_queued_by_capacity" not in cells:
+        return []
+    out = []
+    for r in cells[cells["kv_queued_by_capacity"].fillna(False).astype(bool)].itertuples():
+        out.append(f"- `{r.config}` {cell_label(r)}: queueing by KV capacity — up to {r.in_flight_max:.0f} requests "
+                   f"in flight of {r.kv_tokens_per_request:.0f} tokens each need {r.kv_demand_tokens:.0f} tokens of KV "
+                   f"cache, beyond the {r.kv_capacity_tokens:.0f} the server reported ({r.kv_capacity_source}). Some "
+                   "requests waited for cache space rather than being served together, so this cell is not the load "
+                   "its level names, and it is not compared with another config's.")
     return out
 
 

@@ -15,7 +15,9 @@ from servesweep.workloads.multi_turn import MultiTurn
 from servesweep.workloads.shared_prefix import SharedPrefix, SharedPrefixPrompts
 from servesweep.workloads.sharegpt import (RULES, SHAREGPT_BYTES, SHAREGPT_COMPLETE_ENTRIES, SHAREGPT_FILENAME,
                                            SHAREGPT_PACKAGE, SHAREGPT_PARTIAL_NOTE, SHAREGPT_SHA256, SHAREGPT_USABLE,
-                                           ShareGPT, sharegpt_cache_dir, sharegpt_conversations)
+                                           ShareGPT, sharegpt_cache_dir, sharegpt_conversations,
+                                           sharegpt_dialogues)
+from servesweep.workloads.sharegpt_multi_turn import ShareGPTMultiTurn
 from servesweep.workloads.synthetic import Synthetic, SyntheticPrompts, corpus_text
 from servesweep.workloads.trace import Trace, TracePrompts, generate_trace, read_trace
 
@@ -24,7 +26,7 @@ __all__ = ["ENDPOINTS", "NEEDS", "RULES", "SETTING_N", "SETTING_RULES", "SETTING
            "SHAREGPT_SHA256", "SHAREGPT_USABLE", "MatrixView", "MultiTurn", "PromptSets", "RealTextWorkload", "SharedPrefix",
            "SharedPrefixPrompts", "SyntheticPrompts", "TextPrompts", "Trace", "TracePrompts", "Workload", "WorkloadRequest", "WorkloadSample",
            "corpus_text", "generate_trace", "get_workload", "intended_hit_rate", "reachable_hit_rate", "most_requests", "read_trace", "real_text_workloads", "register",
-           "sample_workload", "sharegpt_cache_dir", "sharegpt_conversations", "workload_names"]
+           "sample_workload", "sharegpt_cache_dir", "sharegpt_conversations", "sharegpt_dialogues", "workload_names"]
 
 _REGISTERED: dict[str, Workload] = {}
 
@@ -48,6 +50,7 @@ register(HumanEval())
 register(SharedPrefix())
 register(MultiTurn())
 register(Trace())
+register(ShareGPTMultiTurn())
 
 
 def workload_names() -> list[str]:

@@ -35,6 +35,7 @@ class MatrixView(Protocol):
     shared_prefix: dict
     multi_turn: dict
     trace: dict
+    sharegpt_multi_turn: dict
     endpoint: str
     request_rates: list[float]
 
@@ -67,6 +68,11 @@ class Workload(ABC):
     open_loop: ClassVar[bool] = True
     # Whether it runs closed-loop (concurrency cells); a replayed trace runs open-loop only.
     closed_loop: ClassVar[bool] = True
+    # Whether its cells are simulated users holding conversations (a ``SessionSource``): closed-loop by users, and
+    # open-loop by session arrivals (its rate cells' ``request_rate`` is then sessions per second).
+    sessions: ClassVar[bool] = False
+    # The config key that sets its prompts' lengths, which a context check names in its fix.
+    length_key: ClassVar[str] = "matrix.context_lengths"
 
     @property
     def needs(self) -> tuple[str, ...]:
@@ -258,6 +264,7 @@ class RealTextWorkload(Workload):
     server's tokenizer, sent as text (completions) or as one user message (chat)."""
 
     endpoints = ("completions", "chat")
+    length_key = "matrix.real_text.max_prompt_tokens"
 
     def longest_prompt(self, matrix: MatrixView) -> int:
         return matrix.real_text["max_prompt_tokens"]

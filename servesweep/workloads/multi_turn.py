@@ -4,7 +4,8 @@ Each of a cell's C streams is a user. A user holds one conversation at a time: a
 user of the cell (its tag in it, so cells share none), then ``turns`` turns, each a user message carrying tool output
 and a short request. Every turn sends the whole conversation so far — the system prompt, every earlier turn and the
 model's own replies to them — plus the new message, to the chat endpoint, after the user's think time; a finished
-conversation is followed by a new one. So the context grows turn by turn and most of each turn's prompt is the
+conversation is followed by a new one. Open-loop, sessions arrive instead at a session rate (a Poisson process), each
+running its turns the same way. So the context grows turn by turn and most of each turn's prompt is the
 previous turn's, which a prefix cache can serve. The texts are cut from the synthetic word list with seeds of
 (cell, user, conversation, turn): the same in every config, except the replies, which are the model's.
 """
@@ -90,7 +91,12 @@ class MultiTurn(Workload):
                "conversation plus tool output and a short request, with think time")
     endpoints = ("chat",)
     reuses_prefixes = True
-    open_loop = False
+    sessions = True
+    length_key = "matrix.multi_turn"
+
+    def request_rates(self, matrix: MatrixView) -> list[float]:
+        """Its open-loop cells: sessions arriving at each of ``matrix.multi_turn.session_rates`` per second."""
+        return list(matrix.multi_turn["session_rates"])
 
     def longest_prompt(self, matrix: MatrixView) -> int:
         m = matrix.multi_turn
@@ -111,13 +117,17 @@ class MultiTurn(Workload):
                                            "replies": "the model's own, sent back in the next turn"})
 
     def cell_columns(self, measured: list[dict]) -> dict:
-        """Per turn k: ``ttft_p50_s_turn<k>`` (the median TTFT of the turn's measured requests) and
-        ``prompt_tokens_turn<k>`` (their mean context, as the server counted it)."""
-        out: dict = {}
-        done = [r for r in measured if not r.get("error") and r.get("chunks") and r.get("turn")]
-        for turn in sorted({r["turn"] for r in done}):
-            these = [r for r in done if r["turn"] == turn]
-            out[f"ttft_p50_s_turn{turn}"] = statistics.median(r["chunks"][0][0] - r["send"] for r in these)
-            lengths = [r["prompt_tokens"] for r in these if r.get("prompt_tokens")]
-            out[f"prompt_tokens_turn{turn}"] = statistics.fmean(lengths) if lengths else math.nan
-        return out
+        return per_turn_columns(measured)
+
+
+def per_turn_columns(measured: list[dict]) -> dict:
+    """Per turn k of a session workload's measured requests: ``ttft_p50_s_turn<k>`` (the turn's median TTFT) and
+    ``prompt_tokens_turn<k>`` (its mean context, as the server counted it)."""
+    out: dict = {}
+    done = [r for r in measured if not r.get("error") and r.get("chunks") and r.get("turn")]
+    for turn in sorted({r["turn"] for r in done}):
+        these = [r for r in done if r["turn"] == turn]
+        out[f"ttft_p50_s_turn{turn}"] = statistics.median(r["chunks"][0][0] - r["send"] for r in these)
+        lengths = [r["prompt_tokens"] for r in these if r.get("prompt_tokens")]
+        out[f"prompt_tokens_turn{turn}"] = statistics.fmean(lengths) if lengths else math.nan
+    return out

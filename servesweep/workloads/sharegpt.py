@@ -251,6 +251,63 @@ def sharegpt_conversations(path: str | Path | None = None) -> tuple[list[dict], 
     return convs, dict(facts)
 
 
+DIALOGUE_CACHE_FORMAT = 1
+
+
+def _parse_dialogues(path: Path) -> list[list]:
+    """[id, [human, gpt, human, gpt, ...]] of every complete entry that opens with a human turn, cut at its first
+    turn out of the human/gpt alternation or without text and at its last whole (human, gpt) pair; entries left with
+    fewer than two pairs are dropped."""
+    rows = []
+    with open(path, "rb") as fh:
+        stream = _stream_array(fh)
+        n = 0
+        while True:
+            try:
+                entry = next(stream)
+            except StopIteration:
+                break
+            n += 1
+            texts = []
+            for k, turn in enumerate(entry.get("conversations") or []):
+                if turn.get("from") != ("human" if k % 2 == 0 else "gpt") or not isinstance(turn.get("value"), str):
+                    break
+                texts.append(turn["value"])
+            texts = texts[:len(texts) // 2 * 2]
+            if len(texts) >= 4:
+                rows.append([str(entry.get("id", n - 1)), texts])
+    return rows
+
+
+def sharegpt_dialogues(path: str | Path | None = None) -> tuple[list[dict], dict]:
+    """ShareGPT's multi-turn conversations: ``{"id", "turns": [(human, gpt), ...]}`` for every complete entry that
+    opens with a human turn and alternates human/gpt for at least two pairs (cut where it stops alternating), and
+    the file's facts (:func:`sharegpt_conversations`' plus ``dialogues``). Cached beside the first-turn list as
+    ``<sha256>.dialogues.v1.json``, written atomically."""
+    _, facts = sharegpt_conversations(path)
+    source = Path(facts["path"])
+    cache_file = sharegpt_cache_dir() / f"{facts['sha256']}.dialogues.v{DIALOGUE_CACHE_FORMAT}.json"
+    memo_key = ("dialogues", str(cache_file))
+    if memo_key in _MEMO:
+        dialogues, out = _MEMO[memo_key]
+        return dialogues, dict(out)
+    rows = None
+    try:
+        stored = json.loads(cache_file.read_bytes())
+        if stored.get("format") == DIALOGUE_CACHE_FORMAT and stored.get("sha256") == facts["sha256"]:
+            rows = stored["rows"]
+    except (OSError, ValueError, KeyError):
+        pass
+    if rows is None:
+        rows = _parse_dialogues(source)
+        _write_atomic(cache_file, json.dumps({"format": DIALOGUE_CACHE_FORMAT, "sha256": facts["sha256"],
+                                              "rows": rows}, separators=(",", ":")))
+    dialogues = [{"id": i, "turns": list(zip(t[0::2], t[1::2]))} for i, t in rows]
+    out = {**facts, "dialogues": len(dialogues), "dialogue_cache": str(cache_file)}
+    _MEMO[memo_key] = (dialogues, out)
+    return dialogues, dict(out)
+
+
 def _drop_reason(rule: dict, prompt_len: int, output_len: int | None, fixed: bool,
                  context_len: int | None) -> str | None:
     """First rule failed, or None. ``output_len`` None means: check the prompt-only rules."""

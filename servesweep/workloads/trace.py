@@ -153,6 +153,7 @@ class Trace(Workload):
                "block hashes), at its pace times each speedup")
     reuses_prefixes = True
     closed_loop = False
+    length_key = "matrix.trace.path"
 
     @staticmethod
     def _entries(matrix: MatrixView) -> tuple[TraceEntry, ...]:
