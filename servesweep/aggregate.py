@@ -23,7 +23,6 @@ HOST_BUSY_PCT = stats_mod.HOST_BUSY_PCT
 HOST_BUSY = "not compared: host busy"
 # A cell whose requests in flight needed more KV cache than its server holds (bench.kv_capacity_columns) queued for
 # cache space: it is not the load its level names, so it is not compared with another config's cell at that level.
-KV_QUEUED = "not compared: queueing by KV capacity"
 
 THROUGHPUT_COLUMNS = {
     "config": "config",
@@ -418,8 +417,6 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
             verdict = FAILED_SPECULATION
         elif compare.busy(repeats, cfg, key) or compare.busy(repeats, baseline, key):
             verdict = HOST_BUSY
-        elif _kv_queued(mine) or _kv_queued(base):
-            verdict = KV_QUEUED
         out.append({
             "config": cfg, **dict(zip(CELL_KEYS, key)),
             "agg_output_tok_s": mine["agg_output_tok_s"].iloc[0],
@@ -439,11 +436,6 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
                                  or base.get("client_bound", pd.Series([False])).fillna(False).iloc[0]),
         })
     return pd.DataFrame(out, columns=SPEEDUP_COLUMNS)
-
-
-def _kv_queued(cell: pd.DataFrame) -> bool:
-    """Whether a cell's row says it queued by KV capacity (``kv_queued_by_capacity``)."""
-    return bool(cell.get("kv_queued_by_capacity", pd.Series([False])).fillna(False).astype(bool).any())
 
 
 SPEEDUP_COLUMNS = ["config", *CELL_KEYS, "agg_output_tok_s", "baseline_agg_tok_s", "speedup", "speedup_lo",

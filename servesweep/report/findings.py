@@ -99,8 +99,10 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, rule: de
 
 def kv_capacity_findings(cells: pd.DataFrame) -> list[str]:
     """A line per cell whose requests in flight needed more KV cache than the server said it holds
-    (``kv_queued_by_capacity``): its requests queued for KV space, so it is not the load its level names and its
-    comparisons are left out (``aggregate.KV_QUEUED``)."""
+    (``kv_queued_by_capacity``): its requests may have queued for KV space, so the server may have held fewer at once
+    than the level names. Its comparisons stay: they hold for the load as sent, and a config that runs out of KV
+    cache at that load is slower there for a reason the line names. The demand counts every request's tokens in full
+    (an upper bound), so the line says "may"."""
     if "kv_queued_by_capacity" not in cells:
         return []
     out = []
@@ -108,8 +110,9 @@ def kv_capacity_findings(cells: pd.DataFrame) -> list[str]:
         out.append(f"- `{r.config}` {cell_label(r)}: queueing by KV capacity — up to {r.in_flight_max:.0f} requests "
                    f"in flight of {r.kv_tokens_per_request:.0f} tokens each need {r.kv_demand_tokens:.0f} tokens of KV "
                    f"cache, beyond the {r.kv_capacity_tokens:.0f} the server reported ({r.kv_capacity_source}). Some "
-                   "requests waited for cache space rather than being served together, so this cell is not the load "
-                   "its level names, and it is not compared with another config's.")
+                   "requests may have waited for cache space rather than being served together (the demand counts "
+                   "each request's tokens in full, an upper bound): its comparisons hold for the load as sent, not "
+                   "for that many requests served at once.")
     return out
 
 
