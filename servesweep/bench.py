@@ -301,16 +301,22 @@ def kv_capacity_columns(capacity: dict, measured: list[dict], columns: dict) -> 
     ``Engine.kv_capacity``): ``kv_tokens_per_request`` (the measured requests' mean prompt plus output tokens, as the
     usage counted them), ``kv_demand_tokens`` (that times the most requests in flight at once, ``in_flight_max``),
     ``kv_capacity_tokens`` and ``kv_queued_by_capacity`` — demand beyond capacity: the server cannot hold every
-    request in flight at once, so some wait for KV space and the cell is not the load its level names. Each request's
-    tokens are counted in full: a prefix cache that holds a shared prefix once needs less."""
+    request in flight at once, so some may wait for KV space. Each request's tokens are counted in full: a prefix
+    cache that holds a shared prefix once needs less. ``max_running_requests`` (where the server says it) and
+    ``queued_for_running_slots``: more requests in flight than it runs at once (llama.cpp's slots), so the rest
+    waited in its queue."""
     done = [r for r in measured if not r.get("error") and r.get("prompt_tokens") is not None]
     per_request = (statistics.fmean(r["prompt_tokens"] + (r.get("completion_tokens") or 0) for r in done)
                    if done else math.nan)
-    demand = per_request * columns.get("in_flight_max", math.nan)
+    peak = columns.get("in_flight_max", math.nan)
+    demand = per_request * peak
     cap = capacity.get("kv_capacity_tokens", math.nan)
+    running = capacity.get("max_running_requests", math.nan)
     return {"kv_capacity_tokens": cap, "kv_capacity_source": capacity.get("kv_capacity_source", ""),
             "kv_tokens_per_request": per_request, "kv_demand_tokens": demand,
-            "kv_queued_by_capacity": bool(cap == cap and demand == demand and demand > cap)}
+            "kv_queued_by_capacity": bool(cap == cap and demand == demand and demand > cap),
+            "max_running_requests": running, "max_running_source": capacity.get("max_running_source", ""),
+            "queued_for_running_slots": bool(running == running and peak == peak and peak > running)}
 
 
 def check_model_context(job: BenchJob, manifest: dict) -> dict:

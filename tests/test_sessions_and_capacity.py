@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from servesweep import stats
-from servesweep.bench import JobInputs, JobPaths, check_model_context, run_config
+from servesweep.bench import JobInputs, JobPaths, check_model_context, kv_capacity_columns, run_config
 from servesweep.config import ConfigError, check_config
 from servesweep.engines import get_engine
 from servesweep.engines.vllm import kv_capacity_from_metrics
@@ -135,14 +135,32 @@ def _run(config: dict, truth, tmp_path):
     return job, meta, pd.read_csv(paths.cells_csv), requests
 
 
-def test_cells_beyond_the_reported_kv_capacity_are_flagged(truth, tmp_path):
-    """2 slots of 56 tokens: 112 tokens of KV. One 40-token request fits; four in flight need 160."""
+def test_cells_beyond_the_servers_slots_are_flagged(truth, tmp_path):
+    """2 slots (the llama-server stand-in's /props): one request runs at once at C = 1; at C = 4 two wait in its
+    queue. Each slot holds its own context, sized before launch, so no KV capacity is read from it."""
     _, meta, cells, _ = _run(_config({"concurrencies": [1, 4]}, {"ctx_size": 112}), truth, tmp_path)
     assert meta["status"] == "ok"
     by_c = {int(r.concurrency): r for r in cells.itertuples()}
-    assert all(r.kv_capacity_tokens == 112 and r.kv_tokens_per_request == 40 for r in by_c.values())
-    assert by_c[1].in_flight_max == 1 and not by_c[1].kv_queued_by_capacity
-    assert by_c[4].in_flight_max == 4 and by_c[4].kv_demand_tokens == 160 and by_c[4].kv_queued_by_capacity
+    assert all(r.max_running_requests == 2 and r.kv_tokens_per_request == 40 for r in by_c.values())
+    assert all(pd.isna(r.kv_capacity_tokens) and not r.kv_queued_by_capacity for r in by_c.values())
+    assert by_c[1].in_flight_max == 1 and not by_c[1].queued_for_running_slots
+    assert by_c[4].in_flight_max == 4 and by_c[4].queued_for_running_slots
+    lines = kv_capacity_findings(cells)
+    assert len(lines) == 1 and "C=4" in lines[0] and "up to 4 requests in flight for the 2" in lines[0]
+
+
+def test_kv_demand_beyond_the_reported_capacity_is_flagged():
+    """A server that reports its KV pool (SGLang's max_total_num_tokens): 4 requests of 30 + 10 tokens in flight
+    need 160 tokens of a 112-token pool; 2 need 80."""
+    measured = [{"prompt_tokens": 30, "completion_tokens": 10}] * 4
+    capacity = {"kv_capacity_tokens": 112, "kv_capacity_source": "/server_info max_total_num_tokens"}
+    four = kv_capacity_columns(capacity, measured, {"in_flight_max": 4})
+    two = kv_capacity_columns(capacity, measured, {"in_flight_max": 2})
+    assert four["kv_demand_tokens"] == 160 and four["kv_queued_by_capacity"] and not two["kv_queued_by_capacity"]
+    assert pd.isna(four["max_running_requests"]) and not four["queued_for_running_slots"]
+    cells = pd.DataFrame([{"config": "ar", "workload": "synthetic", "ctx": 30, "concurrency": c, "in_flight_max": m,
+                           **kv_capacity_columns(capacity, measured, {"in_flight_max": m})}
+                          for c, m in ((2, 2), (4, 4))])
     lines = kv_capacity_findings(cells)
     assert len(lines) == 1 and "C=4" in lines[0] and "160 tokens" in lines[0] and "112" in lines[0]
 

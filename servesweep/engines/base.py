@@ -34,13 +34,18 @@ SERVING_FLAGS = {
 
 def cell_label(r) -> str:
     """How the report, and engines' findings, name a cell: its prompt length (synthetic prompts) or its workload, and
-    its concurrency. ``r``: a cells-table row as a dict, a pandas row or a named tuple."""
+    its load (concurrency, or an open-loop cell's rate). ``r``: a cells-table row as a dict, a pandas row or a named tuple."""
     def get(key, default=None):
         return r.get(key, default) if hasattr(r, "get") else getattr(r, key, default)
 
     workload = get("workload", "synthetic")
     where = f"ctx={get('ctx')}" if workload == "synthetic" else workload
-    return f"{where} C={get('concurrency')}"
+    concurrency, rate = get("concurrency"), get("request_rate")
+    if (concurrency is None or concurrency != concurrency) and rate is not None and rate == rate:
+        session = get("session_rate")
+        unit = "sessions/s" if session is not None and session == session else "req/s"
+        return f"{where} {rate:g} {unit}"
+    return f"{where} C={concurrency}"
 
 
 def spec_columns(drafted: float | None = None, accepted: float | None = None, verify: float | None = None) -> dict:
@@ -290,8 +295,9 @@ class Engine(abc.ABC):
         return problems
 
     async def kv_capacity(self, session: aiohttp.ClientSession, base_url: str) -> dict:
-        """The KV cache's capacity in tokens as the running server reports it — ``{"kv_capacity_tokens": n,
-        "kv_capacity_source": where it was read}`` — or {} where the server does not say."""
+        """What the running server says it can hold at once: the KV cache's capacity in tokens
+        (``kv_capacity_tokens``, ``kv_capacity_source``: where it was read) and/or the most requests it runs at once
+        (``max_running_requests``, ``max_running_source``); {} where the server says neither."""
         return {}
 
     def config_warnings(self, sc: ServerConfig) -> list[str]:

@@ -144,16 +144,17 @@ class LlamaCppEngine(Engine):
                             f"ctx_size {opts['ctx_size']} over {opts.get('parallel', 1)} slots", lambda n: n * slots)
 
     async def kv_capacity(self, session, base_url):
-        # /props: default_generation_settings.n_ctx is one slot's context; every slot holds its own (not unified)
+        # /props: total_slots requests run at once; each slot holds its own context (default_generation_settings.n_ctx,
+        # not unified), which the check before launch already sized for the longest request. So a llama-server
+        # queues for slots, never for KV space: only the slots are a capacity here.
         async with session.get(base_url + "/props") as resp:
             if resp.status != 200:
                 return {}
             props = await resp.json(content_type=None)
-        n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
         slots = props.get("total_slots")
-        if not isinstance(n_ctx, int) or not isinstance(slots, int):
+        if not isinstance(slots, int):
             return {}
-        return {"kv_capacity_tokens": n_ctx * slots, "kv_capacity_source": "/props n_ctx × total_slots"}
+        return {"max_running_requests": slots, "max_running_source": "/props total_slots"}
 
     def world_size(self, options):
         return 1 if int(options.get("n_gpu_layers", 0) or 0) != 0 else 0

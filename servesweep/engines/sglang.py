@@ -515,10 +515,13 @@ class SGLangEngine(Engine):
             async with session.get(base_url + path) as resp:
                 if resp.status == 200:
                     info = await resp.json(content_type=None)
-                    tokens = info.get("max_total_num_tokens")
+                    tokens, running = info.get("max_total_num_tokens"), info.get("max_running_requests")
+                    out = {}
                     if isinstance(tokens, int):
-                        return {"kv_capacity_tokens": tokens, "kv_capacity_source": f"{path} max_total_num_tokens"}
-                    return {}
+                        out.update(kv_capacity_tokens=tokens, kv_capacity_source=f"{path} max_total_num_tokens")
+                    if isinstance(running, int):  # None unless set: SGLang then sizes it from the KV pool
+                        out.update(max_running_requests=running, max_running_source=f"{path} max_running_requests")
+                    return out
         return {}
 
     async def flush_cache(self, session, base_url):

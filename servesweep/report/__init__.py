@@ -18,7 +18,7 @@ from servesweep.report.rate import closed_loop_views, rate_section
 from servesweep.report.speculative import speculative_section
 from servesweep.report.correctness import correctness_section
 from servesweep.report.energy import charts_section, power_energy_section
-from servesweep.report.findings import (anomalies, engine_metric_findings, engines_findings, repeat_order_drifts,
+from servesweep.report.findings import (anomalies, kv_capacity_findings, engine_metric_findings, engines_findings, repeat_order_drifts,
                                         repeat_order_findings, speculation_findings)
 from servesweep.report.setup import (_matrix_text, dummy_weights_note, setup_section, side_by_side, side_by_side_note,
                                      startup_section, warmup_lines, workloads_section)
@@ -73,6 +73,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
         m["speculative"] = bool((m.get("labels") or {}).get("speculative") not in (None, "none"))
     env_card = inputs.env_card.read_text()
     rate_lines = rate_section(cells, metas)  # then the closed-loop sections below see closed-loop cells only
+    rate_cells = cells[cells["request_rate"].notna()] if "request_rate" in cells else cells.iloc[0:0]
     cells, speedup, repeats = closed_loop_views(cells, speedup, repeats)
     matrix = metas[0]["matrix"] if metas else {}
     host = metas[0].get("host") if metas else "?"
@@ -104,7 +105,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     eng = engine_metric_findings(cells, metas)
     if eng:
         lines += ["Engine metrics per cell (over each measured window):", ""] + eng + [""]
-    anomaly = anomalies(cells, repeats, rule, metas)
+    anomaly = anomalies(cells, repeats, rule, metas) + kv_capacity_findings(rate_cells)
     lines += ["Anomalies:", ""] + (anomaly or ["- none found (no errors, no measurable throughput drop as "
                                                "concurrency rises, client never the bottleneck)."]) + [""]
     warnings = [f"- `{m['config']}`: {w}" for m in metas for w in m.get("warnings") or []]

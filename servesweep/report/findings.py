@@ -103,9 +103,15 @@ def kv_capacity_findings(cells: pd.DataFrame) -> list[str]:
     than the level names. Its comparisons stay: they hold for the load as sent, and a config that runs out of KV
     cache at that load is slower there for a reason the line names. The demand counts every request's tokens in full
     (an upper bound), so the line says "may"."""
-    if "kv_queued_by_capacity" not in cells:
-        return []
     out = []
+    if "queued_for_running_slots" in cells:
+        for r in cells[cells["queued_for_running_slots"].fillna(False).astype(bool)].itertuples():
+            out.append(f"- `{r.config}` {cell_label(r)}: up to {r.in_flight_max:.0f} requests in flight for the "
+                       f"{r.max_running_requests:.0f} the server runs at once ({r.max_running_source}): the rest "
+                       "waited in its queue, and their latency includes that wait. Its comparisons hold for the load "
+                       "as sent.")
+    if "kv_queued_by_capacity" not in cells:
+        return out
     for r in cells[cells["kv_queued_by_capacity"].fillna(False).astype(bool)].itertuples():
         out.append(f"- `{r.config}` {cell_label(r)}: queueing by KV capacity — up to {r.in_flight_max:.0f} requests "
                    f"in flight of {r.kv_tokens_per_request:.0f} tokens each need {r.kv_demand_tokens:.0f} tokens of KV "
