@@ -1,0 +1,149 @@
+"""The capacity search (servesweep.capacity): its decision rule, its bisection and its saturation check, then the
+whole search against the known-truth server (tests/truth_server.py), whose capacity under the target is set."""
+import json
+import math
+import random
+
+import pytest
+
+from servesweep import capacity as cap
+from servesweep.slo import SLO
+
+
+def settings(**over) -> cap.CapacitySettings:
+    base = dict(load="concurrency", workload="synthetic", ctx=32, start=1, max_load=256, tolerance=0.1,
+                attainment=0.9, window_s=1, min_requests=20, max_requests=200, budget_s=600, saturation_rise=2)
+    return cap.CapacitySettings(**{**base, **over})
+
+
+def probe(level, decision, **kw) -> cap.Probe:
+    return cap.Probe(level=level, good=0, requests=0, attainment=math.nan, attainment_lo=math.nan,
+                     attainment_hi=math.nan, decision=decision, saturated=False, segments=1, wall_s=1.0, **kw)
+
+
+def run_search(s: cap.CapacitySettings, sustained, limit: int = 100) -> cap.CapacitySearch:
+    """The search against a server that sustains exactly the loads ``sustained(level)`` is true of."""
+    search = cap.CapacitySearch(s)
+    while (level := search.next_level()) is not None and len(search.probes) < limit:
+        search.record(probe(level, "pass" if sustained(level) else "fail"))
+    return search
+
+
+@pytest.mark.parametrize("good,n,want", [(40, 40, "pass"), (20, 20, "undecided"), (30, 40, "fail"),
+                                         (36, 40, "undecided"), (0, 0, "undecided")])
+def test_decide_is_the_wilson_interval_against_the_required_attainment(good, n, want):
+    decision, lo, hi = cap.decide(good, n, 0.9)
+    assert decision == want
+    if n:
+        assert lo <= good / n <= hi
+
+
+def test_decide_needs_about_z2_p_over_1_minus_p_requests_all_good():
+    # all good: the Wilson lower bound is n / (n + z²), so 0.9 needs n ≥ 35 and 0.99 needs n ≥ 381
+    assert cap.decide(34, 34, 0.9)[0] == "undecided" and cap.decide(35, 35, 0.9)[0] == "pass"
+    assert cap.decide(380, 380, 0.99)[0] == "undecided" and cap.decide(381, 381, 0.99)[0] == "pass"
+
+
+@pytest.mark.parametrize("truth", [1, 2, 3, 7, 12, 100, 255])
+def test_concurrency_search_brackets_the_true_capacity(truth):
+    search = run_search(settings(), lambda c: c <= truth)
+    lo, hi = search.bracket()
+    assert lo == truth and hi == truth + 1 or hi <= lo * 1.1 and lo <= truth < hi, (lo, hi)
+    result = search.result("x", SLO("s", ttft_ms=1), 1.0, None)
+    assert result.converged and result.capacity == lo
+    # expansion doubles, bisection halves: about 2 log2(truth) probes
+    assert len(search.probes) <= 2 * math.ceil(math.log2(truth + 1)) + 2
+
+
+@pytest.mark.parametrize("truth", [0.37, 1.0, 4.2, 19.5])
+def test_rate_search_stops_within_the_relative_tolerance(truth):
+    search = run_search(settings(load="rate", start=1.0, tolerance=0.05), lambda r: r <= truth)
+    lo, hi = search.bracket()
+    assert lo <= truth < hi and hi <= lo * 1.05
+    assert search.result("x", SLO("s", ttft_ms=1), 1.0, None).converged
+
+
+def test_a_start_that_fails_halves_down_and_nothing_sustained_is_said():
+    search = run_search(settings(start=8), lambda c: False)
+    assert [p.level for p in search.probes] == [8, 4, 2, 1]
+    result = search.result("x", SLO("s", ttft_ms=1), 1.0, None)
+    assert math.isnan(result.capacity) and result.bracket_hi == 1 and result.converged
+    assert "no load sustained" in result.text()
+
+
+def test_past_max_is_not_converged():
+    search = run_search(settings(max_load=16), lambda c: True)
+    result = search.result("x", SLO("s", ttft_ms=1), 1.0, None)
+    assert [p.level for p in search.probes] == [1, 2, 4, 8, 16]
+    assert result.capacity == 16 and not result.converged and result.stop_reason == "max"
+
+
+def test_an_undecided_probe_is_not_sustained_and_a_pass_above_a_failure_is_ignored():
+    search = cap.CapacitySearch(settings())
+    for level, decision in ((1, "pass"), (2, "pass"), (4, "undecided"), (3, "pass")):
+        search.record(probe(level, decision))
+    assert search.bracket() == (3, 4) and search.next_level() is None
+    search = cap.CapacitySearch(settings())
+    for level, decision in ((1, "pass"), (2, "fail"), (4, "pass")):
+        search.record(probe(level, decision))
+    assert search.bracket() == (1, 2)
+    assert search.result("x", SLO("s", ttft_ms=1), 1.0, None).undecided == 0
+
+
+def records(ttfts, queued=None, step=0.1):
+    out = []
+    for i, t in enumerate(ttfts):
+        send = 10 + i * step
+        out.append({"phase": "measured", "send": send, "chunks": [[send + t, 1], [send + t + 0.01, 1]],
+                    "end": send + t + 0.01, "completion_tokens": 2,
+                    "client_queue_s": None if queued is None else queued[i]})
+    return out
+
+
+def test_saturation_is_a_delay_rising_through_the_window_past_the_limit():
+    slo = SLO("s", ttft_ms=100)
+    steady = records([0.05 + 0.01 * random.Random(i).random() for i in range(30)])
+    assert not cap.saturated(steady, slo, 2.0)
+    growing = records([0.02 * i for i in range(30)])        # a queue growing by 20 ms per request
+    assert cap.saturated(growing, slo, 2.0)
+    small = records([0.001 * (i + 1) for i in range(30)])     # rising, but all far within the limit
+    assert not cap.saturated(small, slo, 2.0)
+    # an open-loop backlog waiting at the client (max_concurrency full) counts as delay
+    backlog = records([0.05] * 30, queued=[0.03 * i for i in range(30)])
+    assert cap.saturated(backlog, slo, 2.0)
+    assert cap.good_requests(steady, slo) == (30, 30) and cap.good_requests(growing, slo) == (6, 30)  # 0, 20, …, 100 ms
+
+
+def test_concurrency_reached_counts_requests_in_flight_over_the_window():
+    recs = [{"send": 0.0, "end": 10.0}, {"send": 5.0, "end": 15.0}, {"send": 9.0, "end": 9.5}]
+    assert cap.concurrency_reached(recs, 0.0, 10.0) == pytest.approx((10 + 5 + 0.5) / 10)
+
+
+def test_tables_and_prices_from_the_run_metas():
+    search = run_search(settings(), lambda c: c <= 3)
+    for p in search.probes:
+        p.output_tok_s = 100.0 * min(p.level, 3)
+    result = search.result("a", SLO("s", ttft_ms=1), 12.0, None).as_dict()
+    meta = {"capacity": {"gpu_count": 2, "searches": [result]}}
+    found, probes = cap.tables([meta, {"config": "b"}])
+    priced = cap.priced(found, {"gpu_hour": 3.6})
+    row = priced.iloc[0]
+    assert row["capacity"] == 3 and row["bracket_hi"] == 4 and bool(row["converged"])
+    assert row["output_tok_s_per_gpu"] == pytest.approx(150.0)
+    assert row["gpu_cost_per_m_tokens"] == pytest.approx(3.6 * 2 / (3600 * 300) * 1e6)
+    assert len(probes) == len(search.probes) and set(probes["decision"]) == {"pass", "fail"}
+    json.dumps(result)  # meta.json holds it
+
+
+def test_config_check_names_the_key_and_the_fix():
+    config = {"server_configs": {"a": {}}, "slo": {"fast": {"ttft_ms": 100, "percentile": 99}},
+              "matrix": {"context_lengths": [32], "workloads": ["synthetic"]}}
+    section = {"enabled": True, "load": "concurrency", "configs": ["z"], "slos": ["slow"], "start": 1.5, "max": 1,
+               "min_requests": 20, "max_requests": 200, "ctx": 64}
+    keys = {k for k, _, _ in cap.problems(section, config)}
+    assert keys == {"capacity.configs", "capacity.slos", "capacity.start", "capacity.ctx"}
+    section = {**section, "configs": [], "slos": [], "start": 1, "max": 8, "ctx": None}
+    (key, problem, fix), = cap.problems(section, config)
+    assert key == "capacity.max_requests" and "381" in fix
+    assert cap.problems({**section, "attainment": 0.9}, config) == []
+    assert cap.problems({"enabled": False}, config) == []
