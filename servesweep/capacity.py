@@ -320,7 +320,7 @@ class CapacityResult:
         unit = "" if self.load == "concurrency" else " req/s"
         name = "C = " if self.load == "concurrency" else ""
         if math.isnan(self.capacity):
-            found = f"no load sustained (the smallest probed, {name}{_num(self.bracket_hi)}{unit}, failed)"
+            found = f"no load shown to meet it (the smallest probed: {name}{_num(self.bracket_hi)}{unit})"
         else:
             hi = "not found" if math.isnan(self.bracket_hi) else f"{_num(self.bracket_hi)}"
             found = f"{name}{_num(self.capacity)}{unit} [first failing: {hi}]"

@@ -68,7 +68,7 @@ def test_a_start_that_fails_halves_down_and_nothing_sustained_is_said():
     assert [p.level for p in search.probes] == [8, 4, 2, 1]
     result = search.result("x", SLO("s", ttft_ms=1), 1.0, None)
     assert math.isnan(result.capacity) and result.bracket_hi == 1 and result.converged
-    assert "no load sustained" in result.text()
+    assert "no load shown to meet it" in result.text()
 
 
 def test_past_max_is_not_converged():
@@ -147,3 +147,85 @@ def test_config_check_names_the_key_and_the_fix():
     assert key == "capacity.max_requests" and "381" in fix
     assert cap.problems({**section, "attainment": 0.9}, config) == []
     assert cap.problems({"enabled": False}, config) == []
+
+
+# --- against the known-truth server -------------------------------------------------------------------------------
+# K slots, each stream at a fixed 100 tok/s (gamma 1, no jitter), 25 output tokens: a request holds its slot 0.25 s
+# and its first token comes 10 ms after it starts. Under a 60 ms TTFT limit, every closed-loop concurrency C ≤ K
+# meets the target, and C = K + 1 does not: a request then waits for a slot (S / K ≥ 83 ms with staggered streams;
+# 1 request in K + 1 waits S when they move in step). The true capacity is C = K.
+SERVICE = {"launch_cv": 0, "token_cv": 0, "gamma": 1.0, "default_speed": 100.0}
+
+
+def truth_sweep(tmp_path, slots: int, **capacity) -> dict:
+    import yaml
+
+    from benchmarks import calibration as cal
+    from servesweep.config import check_config
+    from conftest import ROOT
+
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    binary = cal.write_wrapper(tmp_path / "llama-server")
+    config["engines"]["llamacpp"]["binary"] = str(binary)
+    config["server_configs"] = {"k": {"engine": "llamacpp", "model": "gemma-3-270m", "request_rates": [],
+                                      "options": {"parallel": slots, "ctx_size": 512, "threads": 1},
+                                      "env": {"TRUTH_SERVER_SPEC": json.dumps(SERVICE)}}}
+    config["baseline"] = "k"
+    config["matrix"] = {"context_lengths": [32], "concurrencies": [1], "output_tokens": 25,
+                        "warmup": {"seconds": 0.3, "requests_per_concurrency": 0},
+                        "measure": {"seconds": 0.3, "requests_per_concurrency": 1, "min_requests": 2}}
+    config["slo"] = {"tight": {"ttft_ms": 60, "tpot_ms": 40}}
+    config["capacity"] = {"enabled": True, "attainment": 0.8, "window_s": 1.0, "min_requests": 16,
+                          "max_requests": 64, **capacity}
+    config["correctness"] = {"enabled": False}
+    return check_config(config)
+
+
+def run_truth(tmp_path, config) -> dict:
+    from servesweep.bench import JobInputs, JobPaths, run_config
+    from servesweep.plan import BenchJob
+
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    paths = JobPaths.for_config(tmp_path / "results", "k")
+    facts = {"binary": str(tmp_path / "llama-server"), "version": "0"}
+    return run_config(BenchJob.from_config("k", config), JobInputs({"path": str(tmp_path / "model.gguf")}, facts),
+                      paths), paths
+
+
+@pytest.mark.parametrize("slots", [2, 3])
+def test_search_finds_the_true_capacity_of_the_truth_server(tmp_path, slots):
+    meta, paths = run_truth(tmp_path, truth_sweep(tmp_path, slots))
+    (search,) = meta["capacity"]["searches"]
+    assert search["converged"], search
+    assert search["capacity"] == slots and search["bracket_hi"] == slots + 1, search
+    assert search["attainment_lo"] >= 0.8 and search["concurrency_reached"] == pytest.approx(slots, rel=0.15)
+    # every probe segment is a repeat row of capacity_probes.csv, and its requests are in requests.jsonl
+    import pandas as pd
+
+    probes = pd.read_csv(paths.cells_csv.parent / "capacity_probes.csv")
+    assert probes["probe"].nunique() == len(search["probes"])
+    assert len(probes) == sum(p["segments"] for p in search["probes"])
+    tagged = [json.loads(line) for line in paths.requests_jsonl.read_text().splitlines()]
+    tagged = [r for r in tagged if r.get("probe")]
+    assert sum(r["phase"] == "measured" for r in tagged) == sum(p["requests"] for p in search["probes"])
+
+
+def test_a_budget_too_small_says_not_converged(tmp_path):
+    meta, _ = run_truth(tmp_path, truth_sweep(tmp_path, 3, budget_s=3.0))
+    (search,) = meta["capacity"]["searches"]
+    assert not search["converged"] and search["stop_reason"] == "budget", search
+    assert 1 <= len(search["probes"]) < 4
+    # what it did find is still a sustained load at or below the truth
+    assert search["capacity"] <= 3
+
+
+def test_an_open_loop_rate_past_the_service_rate_is_stopped_as_saturated(tmp_path):
+    # 2 slots of 0.25 s each serve at most 8 req/s: at 16 req/s the queue grows through the window
+    config = truth_sweep(tmp_path, 2, load="rate", start=16.0, max=16.0, budget_s=14.0)
+    meta, _ = run_truth(tmp_path, config)
+    (search,) = meta["capacity"]["searches"]
+    first = search["probes"][0]
+    assert first["level"] == 16.0 and first["decision"] == "fail" and first["saturated"], first
+    assert first["segments"] == 1
+    # nothing at or past the service rate is sustained (8 req/s: a queue with no slack)
+    assert [p["decision"] for p in search["probes"] if p["level"] >= 8] == ["fail", "fail"], search
