@@ -229,3 +229,33 @@ def test_an_open_loop_rate_past_the_service_rate_is_stopped_as_saturated(tmp_pat
     assert first["segments"] == 1
     # nothing at or past the service rate is sustained (8 req/s: a queue with no slack)
     assert [p["decision"] for p in search["probes"] if p["level"] >= 8] == ["fail", "fail"], search
+
+
+def test_first_screen_ranks_capacity_per_gpu_and_the_chart_draws_the_probes(tmp_path):
+    from servesweep.chart_registry import chart
+    from servesweep.charts import capacity_chart, save_chart
+    from servesweep.report.capacity import capacity_lines
+
+    metas = []
+    for name, truth, gpus in (("one", 6, 1), ("two", 8, 2)):   # per GPU: 6 and 4
+        search = run_search(settings(), lambda c, t=truth: c <= t)
+        for p in search.probes:
+            p.goodput_rps, p.output_tok_s = float(min(p.level, truth)), 50.0 * min(p.level, truth)
+        metas.append({"capacity": {"gpu_count": gpus,
+                                   "searches": [search.result(name, SLO("fast", ttft_ms=1), 30.0, None).as_dict()]}})
+    slow = run_search(settings(max_load=2), lambda c: True).result("cheap", SLO("fast", ttft_ms=1), 5.0, None)
+    metas.append({"capacity": {"gpu_count": 1, "searches": [slow.as_dict()]}})
+    found, probes = cap.tables(metas)
+    lines = capacity_lines(cap.priced(found, {"gpu_hour": 2.0, "currency": "EUR"}), {"gpu_hour": 2.0,
+                                                                                   "currency": "EUR"})
+    text = "\n".join(lines)
+    assert lines[0].startswith("**Capacity under fast**")
+    ranked = [line.split("`")[1] for line in lines if line[:1].isdigit()]
+    assert ranked == ["one", "two", "cheap"]     # 6, 4, 2 (past its max) per GPU
+    assert "**C = 8** (C = 4 per GPU) per server — bracket [C = 8, first failing C = 9]" in text
+    assert "**not converged** (still passing at the max)" in text and "GPU cost per M output tokens EUR" in text
+    assert chart("goodput_vs_load").applies_to({"capacity_probes": probes})
+    assert not chart("goodput_vs_load").applies_to({"capacity_probes": None})
+    save_chart(capacity_chart(probes), tmp_path / "c.png", tmp_path / "c.svg")
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG" and "goodput" in (tmp_path / "c.svg").read_text()
+    assert capacity_lines(None) == [] and capacity_lines(found.iloc[:0]) == []
