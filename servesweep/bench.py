@@ -385,7 +385,7 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
             while (level := search.next_level()) is not None:
                 spent = now() - started
                 walls = [p.wall_s for p in search.probes]
-                if spent + (statistics.fmean(walls) if walls else 0.0) > settings.budget_s:
+                if spent > settings.budget_s or spent + (statistics.fmean(walls) if walls else 0.0) > settings.budget_s:
                     stop = "budget"
                     break
                 probe_started, good, n, segments, rows = now(), 0, 0, 0, []
@@ -411,7 +411,8 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
                     full = capacity_mod.saturated(row.records, slo, settings.saturation_rise)
                     if full:
                         decision = "fail"
-                    if decision != "undecided" or n >= settings.max_requests:
+                    out_of_time = now() - started > settings.budget_s  # undecided then, and the search stops
+                    if decision != "undecided" or n >= settings.max_requests or out_of_time:
                         break
                 probe = capacity_mod.Probe(
                     level=level, good=good, requests=n, attainment=good / n if n else math.nan, attainment_lo=lo,
