@@ -403,8 +403,8 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
                     g, m = capacity_mod.good_requests(row.records, slo)
                     good, n, segments = good + g, n + m, segments + 1
                     t0, t1 = row.columns["window_start"], row.columns["window_end"]
-                    row.columns.update(probe=label, concurrency_reached=capacity_mod.concurrency_reached(
-                        [r for r in row.records if r.get("phase") != "warmup"], t0, t1))
+                    row.columns.update(probe=label,
+                                       concurrency_reached=capacity_mod.concurrency_reached(row.records, t0, t1))
                     writer.add_probe_segment(row.as_row())
                     rows.append(row.columns)
                     decision, lo, hi = capacity_mod.decide(good, n, settings.required(slo))
