@@ -259,3 +259,32 @@ def test_first_screen_ranks_capacity_per_gpu_and_the_chart_draws_the_probes(tmp_
     save_chart(capacity_chart(probes), tmp_path / "c.png", tmp_path / "c.svg")
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG" and "goodput" in (tmp_path / "c.svg").read_text()
     assert capacity_lines(None) == [] and capacity_lines(found.iloc[:0]) == []
+
+
+def test_the_config_check_refuses_a_bad_capacity_section_before_any_server_starts():
+    import yaml
+
+    from servesweep.config import ConfigError, check_config
+    from conftest import ROOT
+
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["capacity"] = {"enabled": True, "slos": ["batch"], "load": "rate", "start": 0}
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    assert "capacity.start" in str(err.value)              # the schema: exclusiveMinimum 0
+    config["capacity"] = {"enabled": True, "slos": ["batch", "server"]}
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    text = str(err.value)
+    assert "`capacity.slos`: names 'batch', which is not a target of `slo:`" in text
+    assert "capacity.max_requests" in text                  # p99 of the `server` target needs 381 requests
+    checked = check_config(yaml.safe_load((ROOT / "config" / "cpu-capacity.yaml").read_text()))
+    from servesweep.plan import BenchJob
+
+    job = BenchJob.from_config("ar", checked)
+    assert job.capacity.slos == ("server",) and job.capacity.required(job.slos[1]) == 0.9
+    # the default config searches nothing, and its bench params carry no capacity key (nothing reruns)
+    from servesweep.plan import bench_params
+
+    default = check_config(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+    assert "capacity" not in bench_params(default, "ar") and BenchJob.from_config("ar", default).capacity is None
