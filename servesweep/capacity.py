@@ -277,9 +277,13 @@ class CapacitySearch:
         if stop is None and not closed:
             stop = "max" if math.isnan(hi) else "tolerance"  # past max, or bisection can split no further
         at = next((p for p in self.probes if p.level == lo and p.sustained), None)
+        above = next((p for p in self.probes if p.level == hi and not p.sustained), None)
         return CapacityResult(
             config=config, slo=slo.name, load=self.settings.load, required_attainment=self.settings.required(slo),
-            capacity=lo, bracket_lo=lo, bracket_hi=hi, converged=closed,
+            capacity=lo, bracket_lo=lo, bracket_hi=hi, bracket_hi_decision=above.decision if above else "",
+            bracket_hi_attainment_lo=above.attainment_lo if above else math.nan,
+            bracket_hi_attainment_hi=above.attainment_hi if above else math.nan,
+            converged=closed,
             stop_reason="converged" if closed else stop, wall_s=wall_s, probes=list(self.probes),
             attainment_lo=at.attainment_lo if at else math.nan, attainment_hi=at.attainment_hi if at else math.nan,
             concurrency_reached=at.concurrency_reached if at else math.nan,
@@ -301,6 +305,9 @@ class CapacityResult:
     capacity: float
     bracket_lo: float
     bracket_hi: float
+    bracket_hi_decision: str  # "fail" or "undecided" (not shown to meet it); "" with no such probe
+    bracket_hi_attainment_lo: float  # the decision interval of the probe at bracket_hi
+    bracket_hi_attainment_hi: float
     converged: bool
     stop_reason: str
     wall_s: float
@@ -322,8 +329,9 @@ class CapacityResult:
         if math.isnan(self.capacity):
             found = f"no load shown to meet it (the smallest probed: {name}{_num(self.bracket_hi)}{unit})"
         else:
-            hi = "not found" if math.isnan(self.bracket_hi) else f"{_num(self.bracket_hi)}"
-            found = f"{name}{_num(self.capacity)}{unit} [first failing: {hi}]"
+            hi = ("none up to max" if math.isnan(self.bracket_hi)
+                  else f"{_num(self.bracket_hi)} ({self.bracket_hi_decision})")
+            found = f"{name}{_num(self.capacity)}{unit} [first not sustained: {hi}]"
         state = "converged" if self.converged else f"not converged ({self.stop_reason})"
         return f"[{self.config}] capacity under {self.slo}: {found}, {len(self.probes)} probes, {state}"
 
@@ -333,8 +341,8 @@ def _num(x: float) -> str:
 
 
 # The columns of capacity.csv, in order, after config and slo.
-RESULT_COLUMNS = ("load", "capacity", "bracket_lo", "bracket_hi", "required_attainment", "attainment_lo",
-                  "attainment_hi", "concurrency_reached", "request_s", "goodput_rps", "agg_output_tok_s",
+RESULT_COLUMNS = ("load", "capacity", "bracket_lo", "bracket_hi", "bracket_hi_decision", "bracket_hi_attainment_lo",
+                  "bracket_hi_attainment_hi", "required_attainment", "attainment_lo", "attainment_hi", "concurrency_reached", "request_s", "goodput_rps", "agg_output_tok_s",
                   "output_tok_s_per_gpu", "gpu_count", "gpu_cost_per_m_tokens", "converged", "stop_reason", "probes",
                   "undecided", "wall_s")
 
@@ -352,6 +360,12 @@ def tables(metas: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
             row = {"config": search["config"], "slo": search["slo"],
                    **{k: search.get(k) for k in RESULT_COLUMNS if k in search}}
             row.update(agg_output_tok_s=search.get("output_tok_s"), gpu_count=gpus, probes=len(search["probes"]))
+            if "bracket_hi_decision" not in search:  # a search recorded before these columns: read its probes
+                above = next((p for p in search["probes"] if p["level"] == search["bracket_hi"]
+                              and p["decision"] != "pass"), None)
+                row.update(bracket_hi_decision=above["decision"] if above else "",
+                           bracket_hi_attainment_lo=above["attainment_lo"] if above else math.nan,
+                           bracket_hi_attainment_hi=above["attainment_hi"] if above else math.nan)
             rows.append(row)
             for i, p in enumerate(search["probes"]):
                 probes.append({"config": search["config"], "slo": search["slo"], "load": search["load"],

@@ -252,7 +252,7 @@ def test_first_screen_ranks_capacity_per_gpu_and_the_chart_draws_the_probes(tmp_
     assert lines[0].startswith("**Capacity under fast**")
     ranked = [line.split("`")[1] for line in lines if line[:1].isdigit()]
     assert ranked == ["one", "two", "cheap"]     # 6, 4, 2 (past its max) per GPU
-    assert "**C = 8** (C = 4 per GPU) per server — bracket [C = 8, first failing C = 9]" in text
+    assert "**C = 8** (C = 4 per GPU) per server — bracket [C = 8, first failing C = 9, attainment [" in text
     assert "**not converged** (still passing at the max)" in text and "GPU cost per M output tokens EUR" in text
     assert chart("goodput_vs_load").applies_to({"capacity_probes": probes})
     assert not chart("goodput_vs_load").applies_to({"capacity_probes": None})

@@ -25,8 +25,10 @@ def capacity_line(rank: int, r, cost: dict) -> str:
         found = (f"no load met it: the smallest probed, {_load(load, r['bracket_hi'])}, was not shown to (attainment "
                  f"required {r['required_attainment']:g})")
     else:
+        word = "undecided" if r.get("bracket_hi_decision") == "undecided" else "failing"
         first_fail = ("none up to the search's max" if pd.isna(r["bracket_hi"])
-                      else f"first failing {_load(load, r['bracket_hi'])}")
+                      else f"first {word} {_load(load, r['bracket_hi'])}, attainment "
+                           f"[{_fmt(r['bracket_hi_attainment_lo'], '.3f')}, {_fmt(r['bracket_hi_attainment_hi'], '.3f')}]")
         per = f" ({_load(load, r['capacity'] / gpus)} per GPU)" if gpus > 1 else ""
         found = (f"**{_load(load, r['capacity'])}**{per} per {'server' if gpus > 1 else unit} — bracket "
                  f"[{_load(load, r['bracket_lo'])}, {first_fail}]; attainment there [{_fmt(r['attainment_lo'], '.3f')}, "
