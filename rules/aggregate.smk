@@ -13,6 +13,8 @@ rule aggregate_tables:
         speedup_md="results/tables/speedup.md",
         energy=report_table("energy"),
         energy_md="results/tables/energy.md",
+        capacity=report_table("capacity"),
+        capacity_probes="results/tables/capacity_probes.csv",
     log:
         "logs/aggregate/tables.log",
     conda:

@@ -4,6 +4,7 @@ rule plot_charts:
     input:
         cells="results/tables/cells.csv",
         speedup="results/tables/speedup.csv",
+        capacity_probes="results/tables/capacity_probes.csv",
     output:
         **get_chart_outputs(),
     log:
@@ -30,6 +31,8 @@ rule write_findings:
         speedup="results/tables/speedup.csv",
         speedup_md="results/tables/speedup.md",
         energy_md="results/tables/energy.md",
+        capacity="results/tables/capacity.csv",
+        capacity_probes="results/tables/capacity_probes.csv",
         correctness="results/tables/correctness.csv",
         correctness_md="results/tables/correctness.md",
         meta=get_run_outputs("meta.json"),

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servesweep import compare, decide, diagnosis, roofline, trust
+from servesweep import capacity, compare, decide, diagnosis, roofline, trust
 from servesweep import stats as stats_mod
 from servesweep.speculation import speculation_status
 
@@ -93,6 +93,8 @@ class TablePaths:
     speedup_md: Path
     energy: Path
     energy_md: Path
+    capacity: Path
+    capacity_probes: Path
 
     @classmethod
     def in_dir(cls, out_dir: Path) -> "TablePaths":
@@ -103,7 +105,8 @@ class TablePaths:
 # The file each table is written to under results/tables/ (rules/aggregate.smk declares the same names).
 TABLE_FILES = {"cells": "cells.csv", "repeats": "repeats.csv", "noise": "noise.json", "throughput": "throughput.csv",
                "throughput_md": "throughput.md", "speedup": "speedup.csv", "speedup_md": "speedup.md",
-               "energy": "energy.csv", "energy_md": "energy.md"}
+               "energy": "energy.csv", "energy_md": "energy.md", "capacity": "capacity.csv",
+               "capacity_probes": "capacity_probes.csv"}
 
 
 def _with_keys(df: pd.DataFrame) -> pd.DataFrame:
@@ -585,7 +588,8 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
 
 def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: list[Path], baseline: str,
                  out: TablePaths, cost: dict | None = None, rule: decide.Rule | None = None) -> None:
-    """Write the sweep's tables: cells, repeats, noise band, throughput, speedup and energy (CSV and markdown);
+    """Write the sweep's tables: cells, repeats, noise band, throughput, speedup and energy (CSV and markdown), and
+    the capacity searches' answers and probes (servesweep.capacity);
     ``cost`` is the config's ``cost:`` section (prices for cost per million output tokens). Plain lists of paths,
     a string and a dict: the Snakemake adapter (scripts/aggregate_tables.py) translates its objects."""
     metas = [json.loads(Path(p).read_text()) for p in meta_paths]
@@ -606,6 +610,9 @@ def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: l
     energy = energy_table(cells)
     energy.to_csv(out.energy, index=False)
     Path(out.energy_md).write_text(to_markdown(readable(energy.dropna(axis="columns", how="all")), "g"))
+    found, probes = capacity.tables(metas)
+    capacity.priced(found, cost).to_csv(out.capacity, index=False)
+    probes.to_csv(out.capacity_probes, index=False)
 
 
 def _json_value(x):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
+from servesweep import capacity as capacity_mod
 from servesweep import promtext
 from servesweep import stats as stats_mod
 from servesweep.clock import now
@@ -112,6 +113,7 @@ class CellWriter:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cells: list[dict] = []
         self.repeats: list[dict] = []
+        self.probe_segments: list[dict] = []
         self.requests_path = self.dir / "requests.jsonl"
 
     def add_requests(self, records: list[dict]) -> None:
@@ -125,6 +127,11 @@ class CellWriter:
         text = await promtext.scrape(session, base, path)
         if text:
             (self.dir / name).write_text(text)
+
+    def add_probe_segment(self, row: dict) -> None:
+        """Keep one segment of a capacity probe (a cell repeat of its own table: probes are not matrix cells)."""
+        self.probe_segments.append(row)
+        write_csv(self.dir / "capacity_probes.csv", self.probe_segments)
 
     def add_repeat(self, row: dict) -> None:
         """Keep one repeat of one cell, and rewrite the cells combined from every repeat measured so far."""
@@ -420,6 +427,72 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
     return described
 
 
+async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
+                       writer: CellWriter, slos: list[SLO] | tuple, settings: capacity_mod.CapacitySettings,
+                       block: Block = Block()) -> list[dict]:
+    """The capacity search of ``settings`` under each of its targets, after the matrix (servesweep.capacity): every
+    segment of every probe a cell repeat measured by :func:`run_cell`, kept in the attempt folder's
+    ``capacity_probes.csv`` and its requests in requests.jsonl (each tagged ``probe``). Returns each search's
+    result (:meth:`~servesweep.capacity.CapacityResult.as_dict`)."""
+    probe_matrix = replace(matrix, workloads=[settings.workload], context_lengths=[settings.ctx],
+                           measure_s=settings.window_s, measure_per_concurrency=0.0,
+                           min_requests=settings.min_requests, repeats=1)
+    results, tag = [], 10_000  # prompt tags of their own: probes share no prefix with the matrix's cells
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        sources, _ = await _prompt_sources(session, server.base_url, engine, probe_matrix)
+        for slo in settings.targets(slos):
+            search, started, stop = capacity_mod.CapacitySearch(settings), now(), None
+            while (level := search.next_level()) is not None:
+                spent = now() - started
+                walls = [p.wall_s for p in search.probes]
+                if spent > settings.budget_s or spent + (statistics.fmean(walls) if walls else 0.0) > settings.budget_s:
+                    stop = "budget"
+                    break
+                probe_started, good, n, segments, rows = now(), 0, 0, 0, []
+                while True:
+                    tag += 1
+                    source = get_workload(settings.workload).for_cell(sources[(settings.workload, settings.ctx)],
+                                                                      tag, tag)
+                    key = CellKey(settings.workload, settings.ctx, settings.load,
+                                  level if settings.closed else math.nan,
+                                  math.nan if settings.closed else level, segments)
+                    row = await run_cell(server, engine, sc, probe_matrix, session, telemetry, source, key,
+                                         first=False, slos=[slo], block=block)
+                    label = f"capacity:{slo.name}:{len(search.probes)}"
+                    writer.add_requests([{**r, "probe": label} for r in row.request_records()])
+                    g, m = capacity_mod.good_requests(row.records, slo)
+                    good, n, segments = good + g, n + m, segments + 1
+                    t0, t1 = row.columns["window_start"], row.columns["window_end"]
+                    row.columns.update(probe=label,
+                                       concurrency_reached=capacity_mod.concurrency_reached(row.records, t0, t1))
+                    writer.add_probe_segment(row.as_row())
+                    rows.append(row.columns)
+                    decision, lo, hi = capacity_mod.decide(good, n, settings.required(slo))
+                    full = capacity_mod.saturated(row.records, slo, settings.saturation_rise)
+                    if full:
+                        decision = "fail"
+                    out_of_time = now() - started > settings.budget_s  # undecided then, and the search stops
+                    if decision != "undecided" or n >= settings.max_requests or out_of_time:
+                        break
+                probe = capacity_mod.Probe(
+                    level=level, good=good, requests=n, attainment=good / n if n else math.nan, attainment_lo=lo,
+                    attainment_hi=hi, decision=decision, saturated=full, segments=segments,
+                    wall_s=now() - probe_started,
+                    **{k: statistics.fmean(r.get(c, math.nan) for r in rows) for k, c in (
+                        ("goodput_rps", f"goodput_{slo.name}_rps"), ("output_tok_s", "agg_output_tok_s"),
+                        ("request_s", "request_s"), ("concurrency_reached", "concurrency_reached"),
+                        ("achieved_rps", "achieved_arrival_rps"))})
+                search.record(probe)
+                log.info("[%s] capacity probe under %s at %s: %d/%d good, attainment [%.3f, %.3f] vs %.3f: %s%s "
+                         "(%d segment(s), %.1f s)", sc.name, slo.name, _shown(replace(key, repeat=0)), good, n, lo,
+                         hi, settings.required(slo), decision, ", saturated" if full else "", segments,
+                         probe.wall_s)
+            result = search.result(sc.name, slo, now() - started, stop)
+            log.info("%s", result.text())
+            results.append(result.as_dict())
+    return results
+
+
 @dataclass(frozen=True)
 class JobInputs:
     """What a bench job's input files say: its model's manifest, the prepared engine's facts, what the host's warm-up
@@ -538,6 +611,10 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
             stage = "measurement"
             meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, job.matrix, telemetry, writer,
                                                        job.slos, job.block))
+            if job.capacity is not None and job.block.index == 0:  # searched once per config, in block 0
+                meta["capacity"] = {"settings": asdict(job.capacity), "gpu_count": len(gpus),
+                                    "searches": asyncio.run(run_capacity(server, engine, sc, job.matrix, telemetry,
+                                                                         writer, job.slos, job.capacity, job.block))}
             if correctness_outputs is not None:
                 stage = "correctness"
                 meta["correctness"] = run_correctness(server, engine, sc, job.correctness,
@@ -580,7 +657,7 @@ def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
         shutil.copyfile(tele, paths.telemetry_csv)
     else:
         paths.telemetry_csv.write_text("")
-    for name in ("metrics-start.prom", "metrics-end.prom"):   # not declared outputs: kept where they exist
+    for name in ("metrics-start.prom", "metrics-end.prom", "capacity_probes.csv"):  # not declared outputs: kept
         if (paths.attempt_dir / name).exists():
             shutil.copyfile(paths.attempt_dir / name, paths.cells_csv.parent / name)
     paths.meta_json.write_text(json.dumps(meta, indent=2, default=str) + "\n")

@@ -136,7 +136,7 @@ def collect(launches: list[LaunchFiles], out: LaunchFiles) -> dict:
     finished = [i for i, m in enumerate(metas) if m.get("status") != "failed"]
     # the config's facts (command line, versions, readiness, /metrics text) from a launch that got that far
     first = finished[0] if finished else 0
-    for name in ("metrics-start.prom", "metrics-end.prom"):
+    for name in ("metrics-start.prom", "metrics-end.prom", "capacity_probes.csv"):
         src = launches[first].meta.parent / name
         if src.exists():
             shutil.copyfile(src, out.meta.parent / name)

@@ -15,6 +15,11 @@ FORMATS = ("png", "svg")
 SECTIONS = ("summary", "charts")  # the first screen of FINDINGS.md, or its Charts section
 
 
+def has_capacity_probes(probes) -> bool:
+    """Whether a capacity_probes table holds any probe (a sweep with a ``capacity:`` search)."""
+    return probes is not None and len(probes) > 0
+
+
 def has_gpu_energy(cells) -> bool:
     """Whether any cell of a cells table measured GPU energy (J per output token)."""
     return "gpu_j_per_output_token" in cells and bool(cells["gpu_j_per_output_token"].notna().any())
@@ -51,9 +56,12 @@ class Chart:
         """Its files, relative to the report folder: one per format."""
         return [f"{self.stem}.{fmt}" for fmt in FORMATS]
 
-    def applies_to(self, cells) -> bool:
-        """Whether the sweep whose cells table this is gets this chart."""
-        return self.applies is None or self.applies(cells)
+    def applies_to(self, tables) -> bool:
+        """Whether the sweep whose tables these are (a map of the names in ``inputs`` to tables; a cells table alone
+        stands for ``{"cells": cells}``) gets this chart: ``applies`` is asked about its first input."""
+        if not isinstance(tables, dict):
+            tables = {"cells": tables}
+        return self.applies is None or self.applies(tables.get(self.inputs[0]))
 
     def markdown(self) -> str:
         """The line of FINDINGS.md that shows it: the PNG, a link to the SVG, then its caption."""
@@ -72,6 +80,11 @@ CHARTS = (
     Chart("speedup_heatmap", "speedup_heatmap", ("speedup", "baseline"), "charts", "Speedup heatmap"),
     Chart("energy_per_token", "energy_chart", ("cells",), "charts", "GPU energy per output token",
           applies=has_gpu_energy, folder="energy", absent="No GPU energy was measured, so there is no energy chart."),
+    Chart("goodput_vs_load", "capacity_chart", ("capacity_probes",), "charts", "Goodput vs load of the capacity searches",
+          "one panel per config and target: each probe's goodput (requests meeting every limit per second) at its "
+          "load, by its decision; the line marks the capacity found (docs/capacity.md).",
+          applies=has_capacity_probes, folder="capacity",
+          absent="No capacity search in this sweep (`capacity:`), so there is no goodput-vs-load chart."),
 )
 
 

@@ -208,18 +208,42 @@ def energy_chart(cells: pd.DataFrame) -> alt.Chart | None:
             .properties(title="GPU energy per output token vs throughput (measured window, 95 % intervals)"))
 
 
-def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_dir: str | Path) -> list[Path]:
+def capacity_chart(probes: pd.DataFrame) -> alt.Chart:
+    """Goodput (good requests/s under the target) vs load of every capacity probe, one panel per config (row) and
+    target (column): points by decision (pass, fail, undecided; saturated probes as crosses), the found capacity as a
+    vertical rule."""
+    data = probes[["config", "slo", "load", "level", "goodput_rps", "decision", "saturated", "attainment",
+                   "requests", "capacity"]].copy()
+    data["marker"] = ["saturated" if bool(s) else "measured" for s in data["saturated"]]
+    loads = sorted(set(data["load"]))
+    title = "concurrency (C)" if loads == ["concurrency"] else "request rate (req/s)" if loads == ["rate"] else "load"
+    points = alt.Chart().mark_point(size=70, filled=True).encode(
+        x=alt.X("level:Q", title=title), y=alt.Y("goodput_rps:Q", title="goodput (good req/s)"),
+        color=alt.Color("decision:N", scale=alt.Scale(domain=["pass", "fail", "undecided"],
+                                                      range=["#1b9e77", "#d95f02", "#7570b3"])),
+        shape=alt.Shape("marker:N", scale=alt.Scale(domain=["measured", "saturated"], range=["circle", "cross"])),
+        tooltip=["config", "slo", "level", "decision", alt.Tooltip("attainment:Q", format=".3f"), "requests",
+                 alt.Tooltip("goodput_rps:Q", format=".2f")])
+    # every probe row carries its search's capacity: one rule per panel (drawn over itself), none where nothing passed
+    rule = alt.Chart().mark_rule(strokeDash=[4, 3], color="black").encode(x="max(capacity):Q")
+    return (alt.layer(points, rule, data=data).properties(width=260, height=180)
+            .facet(row=alt.Row("config:N", title=None), column=alt.Column("slo:N", title="target"))
+            .properties(title="Capacity search: goodput vs load per probe (dashed: the capacity found)"))
+
+
+def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_dir: str | Path,
+                 capacity_probes: pd.DataFrame | None = None) -> list[Path]:
     """Every chart of :data:`~servesweep.chart_registry.CHARTS` that applies to this sweep, as PNG and SVG under
     ``out_dir`` (a chart that applies only to some sweeps in its folder, created empty where it does not); returns
-    the files written."""
+    the files written. ``capacity_probes``: the capacity searches' probes (none: no capacity chart)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables = {"cells": cells, "speedup": speedup, "baseline": baseline}
+    tables = {"cells": cells, "speedup": speedup, "baseline": baseline, "capacity_probes": capacity_probes}
     written = []
     for chart in CHARTS:
         if chart.folder:
             (out_dir / chart.folder).mkdir(parents=True, exist_ok=True)
-        if not chart.applies_to(cells):
+        if not chart.applies_to(tables):
             continue
         paths = [out_dir / name for name in chart.files()]
         save_chart(globals()[chart.draw](*(tables[key] for key in chart.inputs)), *paths)

@@ -12,6 +12,7 @@ import re
 
 import yaml
 
+from servesweep import capacity
 from servesweep.engines import engine_names, get_engine
 from servesweep.plan import SCHEMA_RESOURCE, Matrix, ServerConfig, fill_defaults, raw_schema
 from servesweep.workloads import get_workload, workload_names
@@ -170,6 +171,7 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
             problems.append((f"matrix.{key}", "has duplicate values", "list each value once"))
     problems += _rate_problems(matrix, configs)
     problems += _pool_problems(matrix, configs)
+    problems += capacity.problems(config.get("capacity") or {}, config)
     return problems + workload_problems
 
 

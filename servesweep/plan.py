@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from servesweep.capacity import CapacitySettings
 from servesweep.slo import SLO, slos_from_config
 from servesweep.workloads import get_workload
 
@@ -317,6 +318,10 @@ def bench_params(config: dict, cfg: str) -> dict:
         # how this host's resources are leased (docs/faults.md): the lock folder and waiting or refusing when busy
         "host": {k: config["host"].get(k) for k in ("parallel_cpu_benches", "lock_dir", "when_busy")},
     }
+    # Only a config its capacity search names gets the key (servesweep.capacity): the others' params stay as they were.
+    search = config.get("capacity") or {}
+    if search.get("enabled") and (not search.get("configs") or cfg in search["configs"]):
+        run["capacity"] = search
     # Only a config with a draft model gets the key: the params of every other config stay as they were.
     if entry.get("draft_model"):
         run["draft_model"] = config["models"][entry["draft_model"]]
@@ -334,6 +339,8 @@ class BenchJob:
     slos: tuple[SLO, ...]
     host: HostSettings
     block: Block
+    # The capacity search this launch runs after its matrix in block 0 (None: none).
+    capacity: CapacitySettings | None
     # The sweep's `matrix:` section as written (schema defaults filled), which meta.json records and the report
     # quotes: its numbers as the config spelt them (2 s, not 2.0 s) and the sweep's lists where this config has its
     # own. Nothing in the job reads it.
@@ -353,6 +360,8 @@ class BenchJob:
                    correctness=CorrectnessSettings.from_config(params["correctness"]),
                    slos=tuple(slos_from_config({"slo": params["slo"]})),
                    host=HostSettings.from_config(params["host"]), block=block,
+                   capacity=CapacitySettings.from_config(params.get("capacity") or {}, filled(params["matrix"],
+                                                                                             "matrix")),
                    matrix_section=filled(params["matrix"], "matrix"))
 
     @classmethod

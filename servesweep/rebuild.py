@@ -32,13 +32,14 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
         from servesweep.charts import write_charts
 
         # As the plot_charts rule: the charts are drawn against concurrency.
+        probes = tables.capacity_probes
         write_charts(closed_loop(pd.read_csv(tables.cells)), closed_loop(pd.read_csv(tables.speedup)), baseline,
-                     out)
+                     out, pd.read_csv(probes) if probes.stat().st_size > 1 else None)
     inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
                             throughput_md=tables.throughput_md, speedup=tables.speedup, speedup_md=tables.speedup_md,
                             energy_md=tables.energy_md, correctness=out / "correctness.csv",
                             correctness_md=out / "correctness.md", metas=[r / "meta.json" for r in runs],
-                            env_card=env_card)
+                            env_card=env_card, capacity=tables.capacity, capacity_probes=tables.capacity_probes)
     return write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"])
 
 

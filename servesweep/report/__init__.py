@@ -49,6 +49,8 @@ class FindingsInputs:
     correctness_md: Path
     metas: tuple[Path, ...]
     env_card: Path
+    capacity: Path | None = None  # capacity.csv (None or absent: no capacity search)
+    capacity_probes: Path | None = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -57,6 +59,13 @@ class FindingsInputs:
                 object.__setattr__(self, f.name, tuple(Path(p) for p in value))
             elif value is not None:
                 object.__setattr__(self, f.name, Path(value))
+
+
+def _table(path: Path | None) -> pd.DataFrame | None:
+    """A table that may be absent or empty (None then)."""
+    if path is None or not path.exists() or path.stat().st_size <= 1:
+        return None
+    return pd.read_csv(path)
 
 
 def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: list[SLO] | None = None,
@@ -80,8 +89,10 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
 
     random_spec = {m["config"] for m in metas if m.get("load_format") == "dummy" and m["speculative"]}
     correctness = pd.read_csv(inputs.correctness) if inputs.correctness and inputs.correctness.exists() else None
+    capacity = _table(inputs.capacity)
+    probes = _table(inputs.capacity_probes)
     lines = ["# Findings", ""] + first_screen(cells, repeats, speedup, design, baseline, slos or [], cost, rule,
-                                              random_spec, lossless_failures(correctness), metas)
+                                              random_spec, lossless_failures(correctness), metas, capacity)
     cpu = metas[0].get("cpu_model") if metas else None
     cores = metas[0].get("cpu_count") if metas else None
     cpu_text = (f" (CPU: {cpu}, {cores} cores — host-bound cells depend on it)" if cpu
@@ -115,7 +126,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     lines += correctness_section(pd.read_csv(inputs.correctness), inputs.correctness_md.read_text(), baseline)
     lines += power_energy_section(cells, "")
     lines += rate_lines
-    lines += charts_section(cells)
+    lines += charts_section(cells, probes)
     lines += ["## Environment", "", env_card, ""]
     lines += ["## Command lines", ""]
     for m in metas:

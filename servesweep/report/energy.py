@@ -49,10 +49,11 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
     return lines
 
 
-def charts_section(cells: pd.DataFrame) -> list[str]:
+def charts_section(cells: pd.DataFrame, capacity_probes: pd.DataFrame | None = None) -> list[str]:
     """The charts beyond the summary's (``servesweep.chart_registry``); a chart that applies only to some sweeps says
-    why it is absent from the others."""
+    why it is absent from the others. ``capacity_probes``: the capacity searches' probes, where the sweep has any."""
     lines = ["## Charts", ""]
+    tables = {"cells": cells, "capacity_probes": capacity_probes}
     for chart in charts_in("charts"):
-        lines += [chart.markdown() if chart.applies_to(cells) else chart.absent, ""]
+        lines += [chart.markdown() if chart.applies_to(tables) else chart.absent, ""]
     return lines

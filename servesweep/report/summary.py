@@ -11,6 +11,7 @@ from servesweep.aggregate import interval_text, with_unit_columns
 from servesweep.chart_registry import charts_in, has_gpu_energy
 from servesweep.slo import SLO
 from servesweep.report.speculative import summary_lines
+from servesweep.report.capacity import capacity_lines
 from servesweep.report.text import _fmt, _money, _point
 from servesweep.report.findings import repeat_order_drifts
 
@@ -225,11 +226,13 @@ def lossless_failures(table: pd.DataFrame | None) -> dict[str, str]:
 def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.DataFrame, design: dict,
                  baseline: str, slos: list[SLO], cost: dict | None, rule: decide.Rule | None = None,
                  random_weight_speculative: set[str] | None = None,
-                 not_lossless: dict[str, str] | None = None, metas: list[dict] | None = None) -> list[str]:
+                 not_lossless: dict[str, str] | None = None, metas: list[dict] | None = None,
+                 capacity: pd.DataFrame | None = None) -> list[str]:
     """The report's opening: the launches that failed (``decisions.failures``, from ``metas``), then the
     answers: interactive and batch per prompt set (``decisions.answers``),
     the picks per service-level target with their runner-up margins (``slo_choice``), the sweep's resolution and
-    flags, then the frontier chart. ``random_weight_speculative``: speculative configs that served random weights,
+    flags, then the frontier chart. ``capacity``: the capacity searches' table (``capacity_lines``), ranked per target
+    after the picks. ``random_weight_speculative``: speculative configs that served random weights,
     warned about where a pick or runner-up is one of them."""
     cost = cost or {}
     rule = rule or decide.Rule()
@@ -257,6 +260,7 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
             named |= {c["config"] for c in (choice["best"], choice["runner_up"]) if c is not None}
             lines += choice_lines(label, choice, cost)
         lines.append("")
+    lines += capacity_lines(capacity, cost)
     lines += rd.resolution(speedup, design)
     lines += rd.flags(design, speedup)
     drafting = random_weight_drafting_note(cells, (random_weight_speculative or set()) & named)
