@@ -21,8 +21,6 @@ CELL_KEYS = ["workload", "ctx", "load", "concurrency", "request_rate"]
 # its config was measured beside a busy neighbour, the other perhaps not.
 HOST_BUSY_PCT = stats_mod.HOST_BUSY_PCT
 HOST_BUSY = "not compared: host busy"
-# A cell whose requests in flight needed more KV cache than its server holds (bench.kv_capacity_columns) queued for
-# cache space: it is not the load its level names, so it is not compared with another config's cell at that level.
 
 THROUGHPUT_COLUMNS = {
     "config": "config",

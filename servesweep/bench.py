@@ -28,20 +28,19 @@ from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
 from servesweep.engines import get_engine
-from servesweep.engines.base import CONTEXT_SLACK_TOKENS
 from servesweep.envcheck import cpu_model
 from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, failure_message, publish_failure,
                                        remeasure_command)
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
                                   tail_lines, wait_until_ready)
-from servesweep.models import model_max_context
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
 from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
 from servesweep.progress import CellProgress
 from servesweep.slo import SLO
 from servesweep.warmup import cache_growth, cache_snapshot
 from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
-from servesweep.workloads import get_workload, intended_hit_rate, reachable_hit_rate
+from servesweep.limits import check_model_context, kv_capacity_columns
+from servesweep.workloads import get_workload, prefix_reuse_columns
 
 log = logging.getLogger(__name__)
 
@@ -301,68 +300,6 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     if not closed:
         columns["max_concurrency"] = matrix.max_concurrency
     return row
-
-
-def kv_capacity_columns(capacity: dict, measured: list[dict], columns: dict) -> dict:
-    """What a cell asked of the server's KV cache against what the server said it holds (``capacity``:
-    ``Engine.kv_capacity``): ``kv_tokens_per_request`` (the measured requests' mean prompt plus output tokens, as the
-    usage counted them), ``kv_demand_tokens`` (that times the most requests in flight at once, ``in_flight_max``),
-    ``kv_capacity_tokens`` and ``kv_queued_by_capacity`` — demand beyond capacity: the server cannot hold every
-    request in flight at once, so some may wait for KV space. Each request's tokens are counted in full: a prefix
-    cache that holds a shared prefix once needs less. ``max_running_requests`` (where the server says it) and
-    ``queued_for_running_slots``: more requests in flight than it runs at once (llama.cpp's slots), so the rest
-    waited in its queue."""
-    done = [r for r in measured if not r.get("error") and r.get("prompt_tokens") is not None]
-    per_request = (statistics.fmean(r["prompt_tokens"] + (r.get("completion_tokens") or 0) for r in done)
-                   if done else math.nan)
-    peak = columns.get("in_flight_max", math.nan)
-    demand = per_request * peak
-    cap = capacity.get("kv_capacity_tokens", math.nan)
-    running = capacity.get("max_running_requests", math.nan)
-    return {"kv_capacity_tokens": cap, "kv_capacity_source": capacity.get("kv_capacity_source", ""),
-            "kv_tokens_per_request": per_request, "kv_demand_tokens": demand,
-            "kv_queued_by_capacity": bool(cap == cap and demand == demand and demand > cap),
-            "max_running_requests": running, "max_running_source": capacity.get("max_running_source", ""),
-            "queued_for_running_slots": bool(running == running and peak == peak and peak > running)}
-
-
-def check_model_context(job: BenchJob, manifest: dict) -> dict:
-    """The matrix's longest request against the model's own maximum context as its files state it
-    (``models.model_max_context``), before any server starts: a ValueError naming the key and the fix where it does
-    not fit; the model's figure (for meta.json) where it does, {} where the files do not say."""
-    found = model_max_context(manifest)
-    if found is None:
-        return {}
-    most, where = found
-    need, workload = job.matrix.longest_request()
-    need += CONTEXT_SLACK_TOKENS
-    if need > most:
-        key = get_workload(workload).length_key
-        raise ValueError(f"config key `{key}`: the longest request of config '{job.name}' needs {need} tokens "
-                         f"({workload}: its longest prompt and output, plus {CONTEXT_SLACK_TOKENS} for the template), "
-                         f"beyond the {most}-token context of model '{job.server.model_name}' ({where}) — fix: lower "
-                         f"{key} (or matrix.output_tokens) so that a request holds at most {most} tokens, or serve a "
-                         "model with a longer context")
-    return {"model_max_context_tokens": most, "model_max_context_source": where}
-
-
-def prefix_reuse_columns(workload, records: list[dict], columns: dict, tolerance: float) -> dict:
-    """The reuse a cell's workload intended against what the server's prefix cache achieved, over the cell's
-    measured requests (``records``: the cell's, warm-up and drain included): ``intended_hit_rate`` (from their
-    ``shared_prefix_tokens``), ``reachable_hit_rate`` (only where a request of the same group had streamed its first
-    token before the request was sent), ``usage_cached_hit_rate`` (usage's cached tokens, where the server reports
-    them) and ``prefix_reuse_missed`` — a workload that means to reuse prefixes whose achieved rate (the engine's
-    counters, ``prefix_cache_hit_rate``) is more than ``tolerance`` below the intended one."""
-    measured = [r for r in records if r.get("phase") == "measured"]
-    intended = intended_hit_rate(measured)
-    cached = [r for r in measured if isinstance(r.get("cached_prompt_tokens"), int) and r.get("prompt_tokens")]
-    out = {"intended_hit_rate": intended, "reachable_hit_rate": reachable_hit_rate(records, measured),
-           "usage_cached_hit_rate": (sum(r["cached_prompt_tokens"] for r in cached)
-                                     / sum(r["prompt_tokens"] for r in cached)) if cached else math.nan}
-    achieved = columns.get("prefix_cache_hit_rate", math.nan)
-    out["prefix_reuse_missed"] = bool(workload.reuses_prefixes and intended > 0 and achieved == achieved
-                                      and achieved < intended - tolerance)
-    return out
 
 
 def _shown(key: CellKey) -> str:

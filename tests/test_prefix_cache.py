@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from servesweep import promtext
-from servesweep.bench import prefix_reuse_columns
+from servesweep.workloads import prefix_reuse_columns
 from servesweep.config import ConfigError, check_config
 from servesweep.engines import get_engine
 from servesweep.engines.base import prefix_cache_columns

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from servesweep import stats
-from servesweep.bench import JobInputs, JobPaths, check_model_context, kv_capacity_columns, run_config
+from servesweep.bench import JobInputs, JobPaths, run_config
+from servesweep.limits import check_model_context, kv_capacity_columns
 from servesweep.config import ConfigError, check_config
 from servesweep.engines import get_engine
 from servesweep.engines.vllm import kv_capacity_from_metrics

@@ -9,7 +9,7 @@ from __future__ import annotations
 from servesweep.workloads.base import (ENDPOINTS, NEEDS, SETTING_N, SETTING_RULES, SETTING_WORKLOAD, CountTokens,
                                        MatrixView, PromptSets, RealTextWorkload, TextPrompts, Workload,
                                        WorkloadRequest, WorkloadSample, intended_hit_rate,
-                                       reachable_hit_rate)
+                                       prefix_reuse_columns, reachable_hit_rate)
 from servesweep.workloads.humaneval import HumanEval
 from servesweep.workloads.multi_turn import MultiTurn
 from servesweep.workloads.shared_prefix import SharedPrefix, SharedPrefixPrompts
@@ -25,7 +25,7 @@ __all__ = ["ENDPOINTS", "NEEDS", "RULES", "SETTING_N", "SETTING_RULES", "SETTING
            "SHAREGPT_COMPLETE_ENTRIES", "SHAREGPT_FILENAME", "SHAREGPT_PACKAGE", "SHAREGPT_PARTIAL_NOTE",
            "SHAREGPT_SHA256", "SHAREGPT_USABLE", "MatrixView", "MultiTurn", "PromptSets", "RealTextWorkload", "SharedPrefix",
            "SharedPrefixPrompts", "SyntheticPrompts", "TextPrompts", "Trace", "TracePrompts", "Workload", "WorkloadRequest", "WorkloadSample",
-           "corpus_text", "generate_trace", "get_workload", "intended_hit_rate", "reachable_hit_rate", "most_requests", "read_trace", "real_text_workloads", "register",
+           "corpus_text", "generate_trace", "get_workload", "intended_hit_rate", "prefix_reuse_columns", "reachable_hit_rate", "most_requests", "read_trace", "real_text_workloads", "register",
            "sample_workload", "sharegpt_cache_dir", "sharegpt_conversations", "sharegpt_dialogues", "workload_names"]
 
 _REGISTERED: dict[str, Workload] = {}

@@ -167,6 +167,25 @@ def reachable_hit_rate(records: list[dict], measured: list[dict]) -> float:
     return _token_share(measured, served)
 
 
+def prefix_reuse_columns(workload, records: list[dict], columns: dict, tolerance: float) -> dict:
+    """The reuse a cell's workload intended against what the server's prefix cache achieved, over the cell's
+    measured requests (``records``: the cell's, warm-up and drain included): ``intended_hit_rate`` (from their
+    ``shared_prefix_tokens``), ``reachable_hit_rate`` (only where a request of the same group had streamed its first
+    token before the request was sent), ``usage_cached_hit_rate`` (usage's cached tokens, where the server reports
+    them) and ``prefix_reuse_missed`` — a workload that means to reuse prefixes whose achieved rate (the engine's
+    counters, ``prefix_cache_hit_rate``) is more than ``tolerance`` below the intended one."""
+    measured = [r for r in records if r.get("phase") == "measured"]
+    intended = intended_hit_rate(measured)
+    cached = [r for r in measured if isinstance(r.get("cached_prompt_tokens"), int) and r.get("prompt_tokens")]
+    out = {"intended_hit_rate": intended, "reachable_hit_rate": reachable_hit_rate(records, measured),
+           "usage_cached_hit_rate": (sum(r["cached_prompt_tokens"] for r in cached)
+                                     / sum(r["prompt_tokens"] for r in cached)) if cached else math.nan}
+    achieved = columns.get("prefix_cache_hit_rate", math.nan)
+    out["prefix_reuse_missed"] = bool(workload.reuses_prefixes and intended > 0 and achieved == achieved
+                                      and achieved < intended - tolerance)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- real text
 
 @dataclass(frozen=True)
