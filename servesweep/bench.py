@@ -17,12 +17,12 @@ import platform
 import shutil
 import socket
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
 
-from servesweep import promtext
+from servesweep import metrics_series, promtext
 from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
@@ -33,7 +33,9 @@ from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, fa
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
                                   tail_lines, wait_until_ready)
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
+from servesweep.metrics_series import MetricsSampler, SeriesSettings
 from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
+from servesweep.profiled import ProfileSettings, profile_window
 from servesweep.progress import CellProgress
 from servesweep.slo import SLO
 from servesweep.warmup import cache_growth, cache_snapshot
@@ -90,6 +92,8 @@ class CellRow:
     columns: dict
     records: list[dict]
     block: Block = Block()
+    series: list[dict] = field(default_factory=list)  # the server's state through the window (metrics_series)
+    spec: LoadSpec | None = None  # the load it was measured with (a profile window sends the same)
 
     def as_row(self) -> dict:
         """The repeats.csv row: config, engine, the key, the launch (block), then the measured columns."""
@@ -124,9 +128,23 @@ class CellWriter:
         if text:
             (self.dir / name).write_text(text)
 
-    def add_repeat(self, row: dict) -> None:
+    def add_series(self, row: CellRow, cell: str) -> None:
+        """Append one repeat's samples of the server's state to ``metrics_series.csv``."""
+        rows = [{"config": row.config, "block": row.block.index, "cell": cell, **s} for s in row.series]
+        if rows:
+            metrics_series.append_series(self.dir / "metrics_series.csv", rows)
+
+    def add_profile(self, cell: str, columns: dict) -> None:
+        """A profiled cell's columns, given to each of its repeats (so that they survive the mean over them)."""
+        for r in self.repeats:
+            if _row_cell_id(r) == cell:
+                r.update(columns)
+        self.add_repeat(None)
+
+    def add_repeat(self, row: dict | None) -> None:
         """Keep one repeat of one cell, and rewrite the cells combined from every repeat measured so far."""
-        self.repeats.append(row)
+        if row is not None:
+            self.repeats.append(row)
         write_csv(self.dir / "repeats.csv", self.repeats)
         groups: dict[tuple, list[dict]] = {}
         for r in self.repeats:
@@ -169,13 +187,17 @@ async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, mat
 
 async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session: aiohttp.ClientSession,
                        spec: LoadSpec, telemetry: Telemetry, cell_id: str,
-                       slos: list[SLO] | tuple = ()) -> tuple[list[dict], dict]:
+                       slos: list[SLO] | tuple = (), series: SeriesSettings | None = None,
+                       series_out: list | None = None) -> tuple[list[dict], dict]:
     """One repeat of one steady-state cell: the load, and telemetry, /metrics and the server log over its window;
-    goodput and attainment per target in ``slos``; for an open-loop cell, how faithfully the rate was offered.
+    goodput and attainment per target in ``slos``; for an open-loop cell, how faithfully the rate was offered; with
+    ``series``, the server's state sampled through the window (its samples appended to ``series_out``).
 
     Returns (request records, the repeat's measured columns)."""
     base = server.base_url
     window: dict = {}
+    sampler = (MetricsSampler(session, base, engine.metrics_path, engine.state_metrics, series.interval_s)
+               if series is not None and series.enabled else None)
 
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
@@ -183,8 +205,12 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         window["cpu_from"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
         telemetry.cell_begin(cell_id)
         window["metrics_before"] = await promtext.scrape(session, base, engine.metrics_path)
+        if sampler is not None:
+            sampler.begin()
 
     async def closed() -> None:
+        if sampler is not None:
+            window["samples"] = await sampler.end()
         window["log_to"] = server.log_path.stat().st_size
         window["cpu_to"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
@@ -210,6 +236,10 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(engine.cell_metrics(events, window["metrics_before"], window["metrics_after"], measured))
     row.update(window["telemetry"].columns())
     row.update(energy_per_token(row))
+    if sampler is not None:
+        row.update(metrics_series.cell_columns(window.get("samples", []), series))
+        if series_out is not None:
+            series_out.extend(metrics_series.series_rows(window.get("samples", []), sampler.t0))
     return records, row
 
 
@@ -223,7 +253,7 @@ class CellServerDied(ServerStartError):
 
 async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, session: aiohttp.ClientSession,
                    telemetry: Telemetry, source, key: CellKey, first: bool, slos: list[SLO] | tuple = (),
-                   block: Block = Block()) -> CellRow:
+                   block: Block = Block(), series: SeriesSettings | None = None) -> CellRow:
     """One repeat of one cell from its prompt ``source``: the load plan (warm-up, window, arrivals), the load, its
     measured columns. ``first``: the job's first cell, which warms an engine that skipped its own warm-up.
 
@@ -254,7 +284,9 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
                     chunk_tokens=engine.chunk_tokens, chunks_are_tokens=engine.chunks_are_tokens(sc), label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
                     window=plan, prompt_source=source, arrivals=arrivals)
     name = f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}"
-    records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, name, slos)
+    samples: list[dict] = []
+    records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, name, slos, series=series,
+                                          series_out=samples)
     # A client that could not keep up measured itself, not the server: measure the round again with more client
     # processes while the host has them. The superseded attempts' requests are kept (phase "client-bound").
     superseded, attempts, first_tok_s = [], 0, columns.get("agg_output_tok_s", math.nan)
@@ -267,11 +299,13 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
         superseded += [{**r, "phase": "client-bound"} for r in records]
         attempts += 1
         spec = replace(spec, workers=workers)
-        records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, f"{name}_w{workers}", slos)
+        samples = []
+        records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, f"{name}_w{workers}", slos,
+                                              series=series, series_out=samples)
     columns["client_remeasured"] = attempts
     columns["client_bound_first_tok_s"] = first_tok_s if attempts else math.nan
     records = superseded + records
-    row = CellRow(sc.name, sc.engine, key, columns, records, block)
+    row = CellRow(sc.name, sc.engine, key, columns, records, block, samples, spec)
     if not server.alive():
         raise CellServerDied(row, f"the server exited during {key.workload} ctx={key.ctx} {_shown(key)} repeat "
                                   f"{key.repeat} (exit code {server.proc.poll()}); last log lines:\n"
@@ -321,13 +355,16 @@ def _cell_line(row: CellRow) -> str:
 
 
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
-                     writer: CellWriter, slos: list[SLO] | tuple = (), block: Block = Block()) -> dict:
+                     writer: CellWriter, slos: list[SLO] | tuple = (), block: Block = Block(),
+                     series: SeriesSettings | None = None, profile: ProfileSettings | None = None,
+                     profiled: tuple[int, ...] = (), trace_dir: Path | None = None) -> dict:
     """Run every cell of the matrix ``matrix.repeats`` times against a ready server; returns the workloads' facts.
 
     Closed-loop cells (one per concurrency) come first, then open-loop cells (one per request rate). Repeats run in
     rounds (every cell once, then every cell again) so that a slow drift of the host spreads over all cells instead
     of biasing the last ones; each repeat of a cell sends the same prompts under its own tag, and a rate cell's
-    repeats follow the same arrival schedule.
+    repeats follow the same arrival schedule. A profiled cell (C in ``profiled``, block 0 only) gets its profile window
+    after its last repeat (:func:`servesweep.profiled.profile_window`), its traces under ``writer.dir/profiles/``.
     """
     base = server.base_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -347,14 +384,22 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                               math.nan if closed else level, rep)
                 try:
                     row = await run_cell(server, engine, sc, matrix, session, telemetry, source, key,
-                                         first=rep == 0 and k == 0, slos=slos, block=block)
+                                         first=rep == 0 and k == 0, slos=slos, block=block, series=series)
                 except CellServerDied as died:
                     # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
                     writer.add_requests(died.row.request_records())
                     raise
                 writer.add_requests(row.request_records())
                 writer.add_repeat(row.as_row())
+                name = cell_id(workload, ctx, load, level)
+                writer.add_series(row, f"{name}_r{rep}")
                 log.info(_cell_line(row))
+                if block.index == 0 and rep == matrix.repeats - 1 and closed and int(level) in profiled:
+                    columns = await profile_window(engine, sc, session, row.spec, profile,
+                                                   writer.dir / "profiles" / name, trace_dir or writer.dir)
+                    writer.add_profile(name, columns)
+                    log.info("[%s] %s profiled: %s (%.1f s)", sc.name, name, columns.get("profile_status"),
+                             columns.get("profile_cost_s", 0.0))
                 progress.done(key, row.columns.get("agg_output_tok_s", math.nan), row.columns["errors"])
         await writer.keep_metrics(session, base, engine.metrics_path, "metrics-end.prom")
     return described
@@ -449,6 +494,11 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
     # before anything is measured beside it.
     spec, port, reaped = claim_launch(paths.servers_dir, gpus, engine, sc, Path(inputs.manifest["path"]),
                                       inputs.engine_facts)
+    trace_dir = paths.attempt_dir / "profiles" / "server"  # where a profiler set at launch writes
+    profiled = job.profile.levels(job.matrix.concurrencies,
+                                  engine.speculation_requested(sc.options, sc.draft_model_name) is not None)
+    if profiled and job.block.index == 0 and engine.profiler is not None:
+        spec = engine.profiler_launch(spec, trace_dir)
     writer = CellWriter(paths.attempt_dir)
     server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,
                            records_dir=paths.servers_dir, name=job.name, gpus=gpus, config=asdict(sc))
@@ -475,7 +525,8 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
             meta["first_cell_at"] = now()
             stage = "measurement"
             meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, job.matrix, telemetry, writer,
-                                                       job.slos, job.block))
+                                                       job.slos, job.block, job.series,
+                                                       job.profile, profiled, trace_dir))
             if correctness_outputs is not None:
                 stage = "correctness"
                 meta["correctness"] = run_correctness(server, engine, sc, job.correctness,
@@ -518,9 +569,18 @@ def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
         shutil.copyfile(tele, paths.telemetry_csv)
     else:
         paths.telemetry_csv.write_text("")
+    series = paths.attempt_dir / "metrics_series.csv"
+    if series.exists():
+        shutil.copyfile(series, paths.metrics_series_csv)
+    else:
+        paths.metrics_series_csv.write_text("")
     for name in ("metrics-start.prom", "metrics-end.prom"):   # not declared outputs: kept where they exist
         if (paths.attempt_dir / name).exists():
             shutil.copyfile(paths.attempt_dir / name, paths.cells_csv.parent / name)
+    profiles = paths.attempt_dir / "profiles"
+    if profiles.exists():  # the profiled cells' traces, compressed (not a declared output: a folder of its own)
+        shutil.rmtree(paths.cells_csv.parent / "profiles", ignore_errors=True)
+        shutil.copytree(profiles, paths.cells_csv.parent / "profiles", ignore=shutil.ignore_patterns("server"))
     paths.meta_json.write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
