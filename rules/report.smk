@@ -4,6 +4,7 @@ rule plot_charts:
     input:
         cells="results/tables/cells.csv",
         speedup="results/tables/speedup.csv",
+        series=get_run_outputs("metrics_series.csv"),
     output:
         **get_chart_outputs(),
     log:

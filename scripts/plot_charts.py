@@ -8,7 +8,9 @@ import pandas as pd
 
 from servesweep.aggregate import closed_loop
 from servesweep.charts import write_charts
+from servesweep.metrics_series import read_series
 
 # The charts are drawn against concurrency: request-rate cells have their own report section.
 write_charts(closed_loop(pd.read_csv(snakemake.input.cells)), closed_loop(pd.read_csv(snakemake.input.speedup)),
-             snakemake.params.baseline, Path(snakemake.output[0]).parent)  # the report folder
+             snakemake.params.baseline, Path(snakemake.output[0]).parent,  # the report folder
+             read_series(snakemake.input.series))

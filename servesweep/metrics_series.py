@@ -125,6 +125,14 @@ def append_series(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+def read_series(paths) -> "pandas.DataFrame":
+    """The series files of a sweep's runs as one table (missing or empty files left out)."""
+    import pandas as pd
+
+    frames = [pd.read_csv(p) for p in map(Path, paths) if p.exists() and p.stat().st_size]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(SERIES_FIELDS))
+
+
 def queue_growth(times: list[float], queued: list[float]) -> float:
     """How much the queue grew through the window: the least-squares slope of queued requests over time, times the
     window's span (requests). NaN with fewer than three samples."""
