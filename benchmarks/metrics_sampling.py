@@ -4,7 +4,8 @@
     python3 benchmarks/metrics_sampling.py --interval-ms 100 --pairs 6
 
 One llama-server (the embedded default's build and Gemma-3-270M, ``config/config.yaml``'s ``ar`` options) serves
-every window. Windows alternate with and without the sampler (each pair in a random order, so a drift of the host
+every window, under the host's CPU lease as a bench job holds it (so no other servesweep bench job runs beside it:
+two llama-servers spinning on two cores slow each other by far more than any sampler could). Windows alternate with and without the sampler (each pair in a random order, so a drift of the host
 does not land on one side); each window is a steady-state cell of synthetic prompts, measured as the bench job
 measures it (``stats.window_stats``). Printed: each pair's output tok/s, the paired ratio (with / without) with a
 95 % interval over the pairs, and the client's CPU per scrape (scrape plus parse) measured apart for this engine's
@@ -33,7 +34,7 @@ import yaml  # noqa: E402
 from servesweep import metrics_series, promtext  # noqa: E402
 from servesweep.config import check_config  # noqa: E402
 from servesweep.engines import get_engine  # noqa: E402
-from servesweep.lifecycle import ServerProcess, wait_until_ready  # noqa: E402
+from servesweep.lifecycle import ServerProcess, lease_for_config, wait_until_ready  # noqa: E402
 from servesweep.loadgen import LoadSpec, WindowPlan, run_load  # noqa: E402
 from servesweep.models import materialise  # noqa: E402
 from servesweep.plan import ServerConfig  # noqa: E402
@@ -87,40 +88,50 @@ async def _measure(args) -> None:
         facts = engine.prepare(config["engines"]["llamacpp"], log=io.StringIO())
         sc = ServerConfig.from_config("ar", config)
         spec = engine.launch(sc, Path(manifest["path"]), free_port(), facts)
-        with ServerProcess(spec, tmp / "server.log", stop_grace_s=5, records_dir=tmp / "servers", name="ar") as server:
-            await wait_until_ready(server, engine, sc, 300)
-            async with aiohttp.ClientSession() as session:
-                async def tok(text):
-                    return await engine.tokenize(session, server.base_url, text)
-                corpus = await tok(corpus_text(2000, seed=17))
-                source = await SyntheticPrompts.build(tok, corpus, 128)
-                text = await promtext.scrape(session, server.base_url, engine.metrics_path)
-                t0 = time.perf_counter()
-                for _ in range(50):
-                    await promtext.scrape(session, server.base_url, engine.metrics_path)
-                scrape_ms = 1000 * (time.perf_counter() - t0) / 50
-                rng = random.Random(args.seed)
-                pairs = []
-                print(f"# python3 benchmarks/metrics_sampling.py --concurrency {args.concurrency} --interval-ms "
-                      f"{args.interval_ms} --pairs {args.pairs} --seconds {args.seconds}")
-                print("| pair | order | tok/s with | tok/s without | with / without | samples |")
-                print("|---|---|---|---|---|---|")
-                for p in range(args.pairs):
-                    order = ["with", "without"]
-                    rng.shuffle(order)
-                    got = {}
-                    for k, side in enumerate(order):
-                        got[side] = await _window(session, server, engine, sc, source, args.concurrency,
-                                                  args.seconds, args.interval_ms / 1000 if side == "with" else None,
-                                                  2 * p + k + 1)
-                    ratio = got["with"]["agg_output_tok_s"] / got["without"]["agg_output_tok_s"]
-                    pairs.append(ratio)
-                    print(f"| {p + 1} | {' then '.join(order)} | {got['with']['agg_output_tok_s']:.1f} | "
-                          f"{got['without']['agg_output_tok_s']:.1f} | {ratio:.4f} | {got['with']['samples']} |")
+        lease, _ = lease_for_config(tmp / "servers", dict(sc.env), 0, exclusive_cpu=True,
+                                    on_wait=lambda p: print(f"# waiting for the host's CPU lease ({p})", flush=True))
+        try:
+            await _pairs(args, engine, sc, spec, tmp)
+        finally:
+            lease.release()
+
+
+async def _pairs(args, engine, sc, spec, tmp: Path) -> None:
+    with ServerProcess(spec, tmp / "server.log", stop_grace_s=5, records_dir=tmp / "servers", name="ar") as server:
+        await wait_until_ready(server, engine, sc, 300)
+        async with aiohttp.ClientSession() as session:
+            async def tok(text):
+                return await engine.tokenize(session, server.base_url, text)
+            corpus = await tok(corpus_text(2000, seed=17))
+            source = await SyntheticPrompts.build(tok, corpus, 128)
+            text = await promtext.scrape(session, server.base_url, engine.metrics_path)
+            t0 = time.perf_counter()
+            for _ in range(50):
+                await promtext.scrape(session, server.base_url, engine.metrics_path)
+            scrape_ms = 1000 * (time.perf_counter() - t0) / 50
+            rng = random.Random(args.seed)
+            pairs = []
+            print(f"# python3 benchmarks/metrics_sampling.py --concurrency {args.concurrency} --interval-ms "
+                  f"{args.interval_ms:g} --pairs {args.pairs} --seconds {args.seconds:g}")
+            print("| pair | order | tok/s with | tok/s without | with / without | samples |\n|---|---|---|---|---|---|",
+                  flush=True)
+            for p in range(args.pairs):
+                order = ["with", "without"]
+                rng.shuffle(order)
+                got = {}
+                for k, side in enumerate(order):
+                    got[side] = await _window(session, server, engine, sc, source, args.concurrency, args.seconds,
+                                              args.interval_ms / 1000 if side == "with" else None, 2 * p + k + 1)
+                ratio = got["with"]["agg_output_tok_s"] / got["without"]["agg_output_tok_s"]
+                pairs.append(ratio)
+                print(f"| {p + 1} | {' then '.join(order)} | {got['with']['agg_output_tok_s']:.1f} | "
+                      f"{got['without']['agg_output_tok_s']:.1f} | {ratio:.4f} | {got['with']['samples']} |",
+                      flush=True)
     logs = [math.log(r) for r in pairs]
     mean, half = mean_ci95(logs)
     print(f"\nthroughput with sampling / without: {math.exp(mean):.4f} (95 % interval "
-          f"[{math.exp(mean - half):.4f}, {math.exp(mean + half):.4f}] over {len(pairs)} pairs; geometric mean)")
+          f"[{math.exp(mean - half):.4f}, {math.exp(mean + half):.4f}] over {len(pairs)} pairs; geometric mean); "
+          f"median of the pair ratios {statistics.median(pairs):.4f}")
     print(f"one llama-server /metrics scrape: {scrape_ms:.2f} ms wall ({len(text or '')} bytes); parse "
           f"{parse_cost_ms(text or '', engine.state_metrics):.3f} ms CPU")
     if SGLANG_METRICS.exists():
@@ -128,7 +139,6 @@ async def _measure(args) -> None:
         print(f"SGLang's recorded exposition ({SGLANG_METRICS.stat().st_size} bytes): parse "
               f"{parse_cost_ms(SGLANG_METRICS.read_text(), sg.state_metrics):.3f} ms CPU per sample; the full "
               f"Prometheus parse of it {_full_parse_ms(SGLANG_METRICS.read_text()):.3f} ms")
-    print(f"median of pair ratios: {statistics.median(pairs):.4f}")
 
 
 def _full_parse_ms(text: str, repeats: int = 50) -> float:
