@@ -497,7 +497,7 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
     trace_dir = paths.attempt_dir / "profiles" / "server"  # where a profiler set at launch writes
     profiled = job.profile.levels(job.matrix.concurrencies,
                                   engine.speculation_requested(sc.options, sc.draft_model_name) is not None)
-    if profiled and job.block.index == 0 and engine.profiler is not None:
+    if profiled and engine.profiler is not None:  # every block alike, though block 0 alone profiles
         spec = engine.profiler_launch(spec, trace_dir)
     writer = CellWriter(paths.attempt_dir)
     server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,
