@@ -31,11 +31,16 @@ SERIES_FIELDS = ("config", "block", "cell", "t", "t_window_s", "metric", "value"
 
 @dataclass(frozen=True)
 class SeriesSettings:
-    """The ``metrics_series:`` section: whether to sample, how often, and the queue growth a cell is flagged at."""
+    """The ``metrics_series:`` section: whether to sample (True, False or "auto": the engine's default), how often,
+    and the queue growth a cell is flagged at."""
 
-    enabled: bool
+    enabled: bool | str
     interval_s: float
     queue_growth_min: float
+
+    def on_for(self, engine) -> bool:
+        """Whether a cell of ``engine``'s server is sampled."""
+        return engine.state_series_by_default if self.enabled == "auto" else bool(self.enabled)
 
 
 def wanted_lines(text: str, names: tuple[str, ...]) -> str:

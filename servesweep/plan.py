@@ -299,7 +299,7 @@ class Block:
 def series_settings(section: dict | None) -> SeriesSettings:
     """The ``metrics_series:`` section, typed."""
     section = filled(section, "metrics_series")
-    return SeriesSettings(enabled=bool(section["enabled"]), interval_s=float(section["interval_ms"]) / 1000.0,
+    return SeriesSettings(enabled=section["enabled"], interval_s=float(section["interval_ms"]) / 1000.0,
                           queue_growth_min=float(section["queue_growth_min"]))
 
 

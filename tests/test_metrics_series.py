@@ -91,7 +91,7 @@ def _job(tmp_path, wrapper, rates=(), **top):
                    "warmup": {"seconds": 0, "requests_per_concurrency": 1},
                    "measure": {"seconds": 1.0, "requests_per_concurrency": 2, "min_requests": 4}, "repeats": 1},
         "host": {"lock_dir": str(tmp_path / "locks")},  # not the host-wide leases other test runs hold
-        "metrics_series": {"interval_ms": 100}, "profile": {"num_steps": 2, "warmup_seconds": 0.2}, **top})
+        "metrics_series": {"enabled": True, "interval_ms": 100}, "profile": {"num_steps": 2, "warmup_seconds": 0.2}, **top})
     return BenchJob.from_config("ar", config), config
 
 

@@ -139,6 +139,8 @@ class Engine(abc.ABC):
     # The server's state as /metrics shows it, sampled through each window (servesweep.metrics_series): a quantity
     # of metrics_series.QUANTITIES (requests running, queued, ... ) -> its sample name, summed over labels.
     state_metrics: dict[str, str] = {}
+    # Whether ``metrics_series.enabled: auto`` samples this engine's server (its cost: docs/profiling.md).
+    state_series_by_default: bool = True
     # structured option -> (flag, kind). kind: value | flag (switch when true) | onoff | json | special
     # (``special_argv`` spells it).
     options: dict[str, tuple[str, str]] = {}
