@@ -395,8 +395,11 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 writer.add_series(row, f"{name}_r{rep}")
                 log.info(_cell_line(row))
                 if block.index == 0 and rep == matrix.repeats - 1 and closed and int(level) in profiled:
-                    columns = await profile_window(engine, sc, session, row.spec, profile,
-                                                   writer.dir / "profiles" / name, trace_dir or writer.dir)
+                    # prompts under a tag of their own: none of them is in the prefix cache from a measured round
+                    fresh = get_workload(workload).for_cell(sources[(workload, ctx)],
+                                                            matrix.repeats * len(cells) + k + 1, k)
+                    columns = await profile_window(engine, sc, session, replace(row.spec, prompt_source=fresh),
+                                                   profile, writer.dir / "profiles" / name, trace_dir or writer.dir)
                     writer.add_profile(name, columns)
                     log.info("[%s] %s profiled: %s (%.1f s)", sc.name, name, columns.get("profile_status"),
                              columns.get("profile_cost_s", 0.0))

@@ -110,7 +110,10 @@ class MetricsSampler:
         """Stop sampling (the scrape in flight finishes) and return the samples: (time, {quantity: value})."""
         self._stop.set()
         if self._task is not None:
-            await self._task
+            try:  # a scrape that hangs (a server stuck in a long step) must not hold the window open
+                await asyncio.wait_for(self._task, self.interval_s + 5.0)
+            except asyncio.TimeoutError:
+                pass
         return self.samples
 
 
