@@ -149,3 +149,20 @@ def test_truth_server_queue_grows_above_capacity_and_no_profiler_is_said(tmp_pat
     assert "profile_cost_s" not in cells or math.isnan(closed.get("profile_cost_s", math.nan))
     assert not (paths.cells_csv.parent / "profiles").exists() or not any(
         (paths.cells_csv.parent / "profiles").rglob("*.gz"))
+
+
+def test_gpu_engines_profiler_calls(tmp_path):
+    """vLLM's profiler is set at launch (an absolute trace folder, no stacks or shapes) and its flag is the
+    pipeline's; SGLang's needs nothing at launch; llama.cpp has none."""
+    from servesweep.engines.base import LaunchSpec
+
+    vllm, sglang = get_engine("vllm"), get_engine("sglang")
+    spec = vllm.profiler_launch(LaunchSpec(["vllm", "serve", "m"], {"A": "1"}, 8000), tmp_path / "t")
+    assert spec.argv[:3] == ["vllm", "serve", "m"] and spec.argv[3] == "--profiler-config"
+    config = json.loads(spec.argv[4])
+    assert config == {"profiler": "torch", "torch_profiler_dir": str((tmp_path / "t").resolve()),
+                      "torch_profiler_with_stack": False, "torch_profiler_record_shapes": False}
+    assert "--profiler-config" in vllm.managed_flags and not vllm.profiler_counts_steps
+    plain = LaunchSpec(["python", "-m", "sglang.launch_server"], {}, 1)
+    assert sglang.profiler_launch(plain, tmp_path) is plain and sglang.profiler_counts_steps
+    assert get_engine("llamacpp").profiler is None and "no profiler" in get_engine("llamacpp").no_profiler
