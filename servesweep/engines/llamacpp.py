@@ -99,7 +99,7 @@ class LlamaCppEngine(Engine):
     # tests/data/llamacpp-0.3.36/ar-metrics-after.txt): the second leaves the hits out.
     prefix_cache_metrics = ("llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total", False)
     # Off under metrics_series.enabled auto: on the 2-core CPU default the paired throughput with and without sampling
-    # was not resolved (95 % interval 0.55-1.52 over 8 pairs, docs/profiling.md), so it is not called negligible.
+    # was not resolved (95 % intervals 0.55-1.52 and 0.81-1.65 in two runs, docs/profiling.md): not called negligible.
     state_series_by_default = False
     no_profiler = ("llama-server has no profiler endpoint (no torch profiler; its GPU kernels are seen with Nsight "
                    "Systems only)")
