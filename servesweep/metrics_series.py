@@ -133,7 +133,7 @@ def append_series(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def read_series(paths) -> "pandas.DataFrame":
+def read_series(paths):
     """The series files of a sweep's runs as one table (missing or empty files left out)."""
     import pandas as pd
 

@@ -4,7 +4,6 @@ import gzip
 import io
 import json
 import math
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +18,7 @@ from servesweep.plan import BenchJob, JobPaths
 
 from conftest import ROOT
 
-sys_path_benchmarks = ROOT / "benchmarks"
+BENCHMARKS = ROOT / "benchmarks"
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 
 
@@ -97,7 +96,7 @@ def _job(tmp_path, wrapper, rates=(), **top):
 
 def _run(tmp_path, monkeypatch, engine, truth, rates=(), **top):
     import sys
-    sys.path.insert(0, str(sys_path_benchmarks))
+    sys.path.insert(0, str(BENCHMARKS))
     import calibration as cal
 
     wrapper = cal.write_wrapper(tmp_path / "llama-server")
