@@ -10,8 +10,10 @@ A trace (``*.trace.json`` or ``*.trace.json.gz``, one per rank) is a Chrome trac
   kernel start to last kernel end) when no kernel ran on it; the device's idle share, the part when no kernel ran on
   any of its streams. Intervals are merged before they are summed, so overlapping kernels count once.
 - Launches: the host's runtime calls (category ``cuda_runtime`` or ``cuda_driver``) named in :data:`GRAPH_LAUNCHES`
-  (a whole CUDA graph replayed) and :data:`EAGER_LAUNCHES` (one kernel); a kernel whose ``args.correlation`` is that
-  of a graph launch ran inside a graph.
+  (a whole CUDA graph replayed) and :data:`EAGER_LAUNCHES` (one kernel). A driver call inside a runtime launch of
+  the same thread would be that launch's own and is not counted again; a driver launch of its own (Triton's
+  ``cuLaunchKernelEx``, with its own correlation in SGLang's real trace) counts. A kernel whose ``args.correlation``
+  is that of a graph launch ran inside a graph.
 - Steps: ``ProfilerStep#N`` events where the engine marks them (their mean duration is the host time per step);
   otherwise the caller's count of steps (the profiler's ``num_steps``).
 
@@ -33,7 +35,7 @@ CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     ("communication", r"nccl|all_?reduce|allgather|all_gather|reduce_scatter|reducescatter|alltoall|all_to_all"
                       r"|cross_device_reduce|custom_ar|one_shot|two_shot|deep_?ep|dispatch_kernel|combine_kernel"),
     ("moe", r"moe|grouped_?gemm|group_?gemm|expert"),
-    ("attention", r"attn|attention|flash_|fmha|batchdecode|batchprefill|paged|mla|merge_state"),
+    ("attention", r"attn|attention|flash_|flash::|fmha|batchdecode|batchprefill|paged|mla|merge_state|kvcache"),
     ("gemm", r"gemm|cutlass|cublas|nvjet|xmma|wgmma|matmul|splitk|sm90_|sm80_|ampere_|hopper_|s16816|gemv"),
     ("sampling", r"sampl|argmax|top_?k|top_?p|topk_topp|multinomial|gumbel|logits|softmax"),
     ("norm_elementwise", r"norm|elementwise|vectorized|unrolled|act_and_mul|silu|gelu|rotary|rope|reduce_kernel"
@@ -155,6 +157,8 @@ def breakdown(trace, requested_steps: int | None = None) -> Breakdown:
     graph_correlations: set = set()
     gpu: list[tuple[dict, str]] = []
     step_ms: list[float] = []
+    runtime: dict = {}  # thread -> (start, end) of its runtime launch calls
+    driver: list[dict] = []
     for ev in _events(trace):
         if ev.get("ph") != "X":
             continue
@@ -162,15 +166,28 @@ def breakdown(trace, requested_steps: int | None = None) -> Breakdown:
         args = ev.get("args") or {}
         if cat in GPU_EVENT_CATEGORIES:
             gpu.append((ev, cat))
-        elif cat in RUNTIME_CATEGORIES:
+        elif cat in RUNTIME_CATEGORIES and (name in GRAPH_LAUNCHES or name in EAGER_LAUNCHES):
+            if cat == "cuda_driver":
+                driver.append(ev)
+                continue
+            runtime.setdefault((ev.get("pid"), ev.get("tid")), []).append(_interval(ev))
             if name in GRAPH_LAUNCHES:
                 out.graph_launches += 1
                 if "correlation" in args:
                     graph_correlations.add(args["correlation"])
-            elif name in EAGER_LAUNCHES:
+            else:
                 out.eager_launches += 1
         elif _STEP.match(name):
             step_ms.append(float(ev.get("dur", 0.0)) / 1000.0)
+    for ev in driver:
+        a, b = _interval(ev)
+        if any(s <= a and b <= e for s, e in runtime.get((ev.get("pid"), ev.get("tid")), ())):
+            continue  # the runtime call around it was counted
+        if ev["name"] in GRAPH_LAUNCHES:
+            out.graph_launches += 1
+            graph_correlations.add((ev.get("args") or {}).get("correlation"))
+        else:
+            out.eager_launches += 1
     for ev, cat in gpu:
         args = ev.get("args") or {}
         ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))

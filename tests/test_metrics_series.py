@@ -165,3 +165,15 @@ def test_gpu_engines_profiler_calls(tmp_path):
     plain = LaunchSpec(["python", "-m", "sglang.launch_server"], {}, 1)
     assert sglang.profiler_launch(plain, tmp_path) is plain and sglang.profiler_counts_steps
     assert get_engine("llamacpp").profiler is None and "no profiler" in get_engine("llamacpp").no_profiler
+
+
+def test_real_sglang_series_through_a_c16_load():
+    """SGLang 0.5.17's /metrics scraped every 0.2 s through a C = 16 load (tests/fixtures/profiles/README.md): the
+    running gauge reaches the 16 streams, nothing queues (32 running allowed), so no growth is flagged."""
+    rows = [json.loads(line) for line in (FIXTURES / "sglang-0.5.17-h200-metrics-series-c16.jsonl").open()]
+    sm = get_engine("sglang").state_metrics
+    samples = [(r["t"], metrics_series.read_state(r["text"], sm)) for r in rows]
+    assert len(samples) == 123 and all("running" in s and "queued" in s for _, s in samples)
+    cols = metrics_series.cell_columns(samples, SETTINGS)
+    assert cols["state_running_max"] == 16 and cols["state_queued_max"] == 0 and cols["queue_grew"] is False
+    assert 195 <= cols["state_interval_ms"] <= 205

@@ -35,16 +35,24 @@ def test_breakdown_of_every_fixture(path):
     # categories partition the GPU time, whatever the trace
     assert sum(cols[f"profile_{c}_ms"] for c in profiling.CATEGORIES) == pytest.approx(cols["profile_gpu_ms"])
     assert b.kernels > 0
-    assert 0 <= b.compute_stream_idle_share <= 1 and 0 <= b.device_idle_share <= b.compute_stream_idle_share + 1e-9
+    # (the device's span can be longer than the compute stream's: another stream's work extends it)
+    assert 0 <= b.compute_stream_idle_share <= 1 and 0 <= b.device_idle_share <= 1
     if expected is None:
         return
-    for name, ms in expected["gpu_ms"].items():
+    for name, ms in expected.get("gpu_ms", {}).items():
         assert b.gpu_ms[name] == pytest.approx(ms, abs=1e-9), name
     for key in ("kernels", "graph_launches", "eager_launches", "steps", "steps_source", "graph_kernels"):
-        assert getattr(b, key) == expected[key], key
-    assert b.compute_stream_idle_share == pytest.approx(expected["compute_stream_idle_share"])
-    assert b.device_idle_share == pytest.approx(expected["device_idle_share"])
-    assert cols["profile_graph_kernel_share"] == pytest.approx(expected["graph_kernel_share"])
+        if key in expected:
+            assert getattr(b, key) == expected[key], key
+    idle_tol = expected.get("idle_share_tolerance", 1e-9)
+    assert b.compute_stream_idle_share == pytest.approx(expected["compute_stream_idle_share"], abs=idle_tol)
+    if "device_idle_share" in expected:
+        assert b.device_idle_share == pytest.approx(expected["device_idle_share"])
+    if "graph_kernel_share" in expected:
+        assert cols["profile_graph_kernel_share"] == pytest.approx(expected["graph_kernel_share"])
+    if "kernel_ms" in expected:
+        assert b.total_gpu_ms - b.gpu_ms["copies"] == pytest.approx(expected["kernel_ms"],
+                                                                    abs=expected["kernel_ms_tolerance"])
     if "host_step_ms" in expected:
         assert b.host_step_ms == pytest.approx(expected["host_step_ms"])
     assert cols["profile_graph_launches_per_step"] == pytest.approx(expected["graph_launches"] / expected["steps"])
@@ -102,3 +110,19 @@ def test_no_steps_means_no_per_step_figures():
     trace = json.loads((FIXTURES / "synthetic-eager-overlap.trace.json").read_text())
     cols = profiling.breakdown(trace).columns()
     assert cols["profile_steps_source"] == "none" and math.isnan(cols["profile_eager_launches_per_step"])
+
+
+def test_real_sglang_trace_decode_runs_in_cuda_graphs_with_the_gpu_mostly_idle():
+    """SGLang 0.5.17 on one H200, Gemma-3-270M at C = 16 with decode CUDA graphs on (README.md beside the trace): one
+    graph launch per scheduler step carries almost all kernel time, and the compute stream is idle about two thirds
+    of its span — the evidence the report's verdict reads."""
+    from servesweep.report import profile as rp
+
+    cols = profiling.breakdown(profiling.read_trace(FIXTURES / "sglang-0.5.17-h200-gemma270m-c16.trace.json.gz"),
+                               30).columns()
+    assert cols["profile_graph_launches_per_step"] == 1.0 and cols["profile_graph_kernel_share"] > 0.95
+    assert rp.trace_verdict(cols)[0] == rp.HOST and rp.graphs_answer(cols).startswith("yes — 1.0 graph launches")
+    # a small model: norms and elementwise kernels hold more GPU time than its GEMMs, nothing is communication
+    assert cols["profile_norm_elementwise_ms"] > cols["profile_gemm_ms"] > cols["profile_attention_ms"]
+    assert cols["profile_communication_ms"] == 0 and cols["profile_moe_ms"] == 0
+    assert cols["profile_other_share"] < 0.01
