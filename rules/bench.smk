@@ -14,6 +14,7 @@ rule bench_config:
         meta="results/blocks/{cfg}/b{block}/meta.json",
         server_log="results/blocks/{cfg}/b{block}/server.log",
         telemetry="results/blocks/{cfg}/b{block}/telemetry.csv",
+        metrics_series="results/blocks/{cfg}/b{block}/metrics_series.csv",
         coding_eval="results/blocks/{cfg}/b{block}/coding_eval.json",
         greedy="results/blocks/{cfg}/b{block}/greedy.jsonl",
     log:
@@ -53,6 +54,7 @@ rule collect_config:
         meta=get_block_outputs("meta.json"),
         server_log=get_block_outputs("server.log"),
         telemetry=get_block_outputs("telemetry.csv"),
+        metrics_series=get_block_outputs("metrics_series.csv"),
         coding_eval=get_block_outputs("coding_eval.json"),
         greedy=get_block_outputs("greedy.jsonl"),
     output:
@@ -62,6 +64,7 @@ rule collect_config:
         meta="results/runs/{cfg}/meta.json",
         server_log="results/runs/{cfg}/server.log",
         telemetry="results/runs/{cfg}/telemetry.csv",
+        metrics_series="results/runs/{cfg}/metrics_series.csv",
         coding_eval="results/runs/{cfg}/coding_eval.json",
         greedy="results/runs/{cfg}/greedy.jsonl",
     log:

@@ -5,6 +5,7 @@ rule plot_charts:
         cells="results/tables/cells.csv",
         speedup="results/tables/speedup.csv",
         capacity_probes="results/tables/capacity_probes.csv",
+        series=get_run_outputs("metrics_series.csv"),
     output:
         **get_chart_outputs(),
     log:

@@ -8,7 +8,6 @@ reason — so that the sweep's tables and report are built from the launches tha
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
 import logging
 import math
@@ -23,7 +22,7 @@ from pathlib import Path
 import aiohttp
 
 from servesweep import capacity as capacity_mod
-from servesweep import promtext
+from servesweep import metrics_series, promtext
 from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
@@ -34,129 +33,18 @@ from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, fa
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
                                   tail_lines, wait_until_ready)
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
+from servesweep.metrics_series import MetricsSampler, SeriesSettings
 from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
+from servesweep.profiled import ProfileSettings, profile_window
 from servesweep.progress import CellProgress
 from servesweep.slo import SLO
 from servesweep.warmup import cache_growth, cache_snapshot
 from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
+from servesweep.cells import CellKey, CellRow, CellWriter, cell_id, write_csv  # noqa: F401 (the bench's names)
 from servesweep.limits import check_model_context, kv_capacity_columns
 from servesweep.workloads import get_workload, prefix_reuse_columns
 
 log = logging.getLogger(__name__)
-
-
-def cell_id(workload: str, ctx: int, load: str, level: float) -> str:
-    """The name of a cell in telemetry windows and logs: ``<workload>_ctx<ctx>_c<C>`` or ``..._rate<r>``. The
-    rate is written in full (``repr``), so two rates never share a name, nor a rate cell a concurrency cell's."""
-    return f"{workload}_ctx{ctx}_c{int(level)}" if load == "concurrency" else f"{workload}_ctx{ctx}_rate{float(level)!r}"
-
-
-def _row_cell_id(row: dict) -> str:
-    load = row.get("load", "concurrency")
-    return cell_id(row["workload"], row["ctx"], load, row["concurrency" if load == "concurrency" else "request_rate"])
-
-
-@dataclass(frozen=True)
-class CellKey:
-    """Which repeat of which cell: its prompts (``workload``, ``ctx``) and its load — closed-loop at ``concurrency``
-    (``request_rate`` NaN) or open-loop at ``request_rate`` req/s (``concurrency`` NaN)."""
-
-    workload: str
-    ctx: int
-    load: str  # "concurrency" or "rate"
-    concurrency: float
-    request_rate: float
-    repeat: int
-
-    @property
-    def closed(self) -> bool:
-        return self.load == "concurrency"
-
-    @property
-    def level(self) -> float:
-        return self.concurrency if self.closed else self.request_rate
-
-    def as_dict(self) -> dict:
-        """The key columns, in cells.csv order."""
-        return {"workload": self.workload, "ctx": self.ctx, "load": self.load, "concurrency": self.concurrency,
-                "request_rate": self.request_rate, "repeat": self.repeat}
-
-
-@dataclass
-class CellRow:
-    """One measured repeat of one cell: its key, its measured columns (in repeats.csv order) and its requests."""
-
-    config: str
-    engine: str
-    key: CellKey
-    columns: dict
-    records: list[dict]
-    block: Block = Block()
-
-    def as_row(self) -> dict:
-        """The repeats.csv row: config, engine, the key, the launch (block), then the measured columns."""
-        return {"config": self.config, "engine": self.engine, **self.key.as_dict(), **self.block.columns(),
-                **self.columns}
-
-    def request_records(self) -> list[dict]:
-        """The requests, each tagged with the config, the cell's key and the block (NaN is null in JSON lines)."""
-        keys = {k: None if v != v else v for k, v in self.key.as_dict().items()}
-        return [{**r, "config": self.config, **keys, "block": self.block.index} for r in self.records]
-
-
-class CellWriter:
-    """Appends cells and request records to the attempt folder the moment they exist."""
-
-    def __init__(self, attempt_dir: Path):
-        self.dir = attempt_dir
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.cells: list[dict] = []
-        self.repeats: list[dict] = []
-        self.probe_segments: list[dict] = []
-        self.requests_path = self.dir / "requests.jsonl"
-
-    def add_requests(self, records: list[dict]) -> None:
-        with open(self.requests_path, "a") as fh:
-            for r in records:
-                fh.write(json.dumps(r) + "\n")
-
-    async def keep_metrics(self, session: aiohttp.ClientSession, base: str, path: str | None, name: str) -> None:
-        """The server's whole /metrics exposition as it was, for diagnosis (and for checking the parser against a
-        real server's output): kept in the attempt folder and copied to the run folder."""
-        text = await promtext.scrape(session, base, path)
-        if text:
-            (self.dir / name).write_text(text)
-
-    def add_probe_segment(self, row: dict) -> None:
-        """Keep one segment of a capacity probe (a cell repeat of its own table: probes are not matrix cells)."""
-        self.probe_segments.append(row)
-        write_csv(self.dir / "capacity_probes.csv", self.probe_segments)
-
-    def add_repeat(self, row: dict) -> None:
-        """Keep one repeat of one cell, and rewrite the cells combined from every repeat measured so far."""
-        self.repeats.append(row)
-        write_csv(self.dir / "repeats.csv", self.repeats)
-        groups: dict[tuple, list[dict]] = {}
-        for r in self.repeats:
-            groups.setdefault(_row_cell_id(r), []).append(r)
-        self.cells = [stats_mod.combine_cell(rows) for rows in groups.values()]
-        write_csv(self.dir / "cells.csv", self.cells)
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    """``rows`` as CSV, the union of their keys as columns; no rows: an empty file (what readers take for none)."""
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not rows:
-        path.write_text("")
-        return
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
 
 
 async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, matrix: Matrix) -> tuple[dict, dict]:
@@ -177,13 +65,17 @@ async def _prompt_sources(session: aiohttp.ClientSession, base: str, engine, mat
 
 async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session: aiohttp.ClientSession,
                        spec: LoadSpec, telemetry: Telemetry, cell_id: str,
-                       slos: list[SLO] | tuple = ()) -> tuple[list[dict], dict]:
+                       slos: list[SLO] | tuple = (), series: SeriesSettings | None = None,
+                       series_out: list | None = None) -> tuple[list[dict], dict]:
     """One repeat of one steady-state cell: the load, and telemetry, /metrics and the server log over its window;
-    goodput and attainment per target in ``slos``; for an open-loop cell, how faithfully the rate was offered.
+    goodput and attainment per target in ``slos``; for an open-loop cell, how faithfully the rate was offered; with
+    ``series``, the server's state sampled through the window (its samples appended to ``series_out``).
 
     Returns (request records, the repeat's measured columns)."""
     base = server.base_url
     window: dict = {}
+    sampler = (MetricsSampler(session, base, engine.metrics_path, engine.state_metrics, series.interval_s)
+               if series is not None and series.on_for(engine) else None)
 
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
@@ -191,8 +83,12 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         window["cpu_from"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
         telemetry.cell_begin(cell_id)
         window["metrics_before"] = await promtext.scrape(session, base, engine.metrics_path)
+        if sampler is not None:
+            sampler.begin()
 
     async def closed() -> None:
+        if sampler is not None:
+            window["samples"] = await sampler.end()
         window["log_to"] = server.log_path.stat().st_size
         window["cpu_to"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
@@ -221,6 +117,10 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(engine.cell_metrics(events, window["metrics_before"], window["metrics_after"], measured))
     row.update(window["telemetry"].columns())
     row.update(energy_per_token(row))
+    if sampler is not None:
+        row.update(metrics_series.cell_columns(window.get("samples", []), series))
+        if series_out is not None:
+            series_out.extend(metrics_series.series_rows(window.get("samples", []), sampler.t0))
     return records, row
 
 
@@ -234,7 +134,8 @@ class CellServerDied(ServerStartError):
 
 async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, session: aiohttp.ClientSession,
                    telemetry: Telemetry, source, key: CellKey, first: bool, slos: list[SLO] | tuple = (),
-                   block: Block = Block(), capacity: dict | None = None) -> CellRow:
+                   block: Block = Block(), capacity: dict | None = None,
+                   series: SeriesSettings | None = None) -> CellRow:
     """One repeat of one cell from its prompt ``source``: the load plan (warm-up, window, arrivals), the load, its
     measured columns. ``first``: the job's first cell, which warms an engine that skipped its own warm-up.
 
@@ -268,7 +169,9 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
                     chunk_tokens=engine.chunk_tokens, chunks_are_tokens=engine.chunks_are_tokens(sc), label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
                     window=plan, prompt_source=source, arrivals=arrivals)
     name = f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}"
-    records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, name, slos)
+    samples: list[dict] = []
+    records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, name, slos, series=series,
+                                          series_out=samples)
     # A client that could not keep up measured itself, not the server: measure the round again with more client
     # processes while the host has them. The superseded attempts' requests are kept (phase "client-bound").
     superseded, attempts, first_tok_s = [], 0, columns.get("agg_output_tok_s", math.nan)
@@ -281,11 +184,13 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
         superseded += [{**r, "phase": "client-bound"} for r in records]
         attempts += 1
         spec = replace(spec, workers=workers)
-        records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, f"{name}_w{workers}", slos)
+        samples = []
+        records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, f"{name}_w{workers}", slos,
+                                              series=series, series_out=samples)
     columns["client_remeasured"] = attempts
     columns["client_bound_first_tok_s"] = first_tok_s if attempts else math.nan
     records = superseded + records
-    row = CellRow(sc.name, sc.engine, key, columns, records, block)
+    row = CellRow(sc.name, sc.engine, key, columns, records, block, samples, spec)
     if not server.alive():
         raise CellServerDied(row, f"the server exited during {key.workload} ctx={key.ctx} {_shown(key)} repeat "
                                   f"{key.repeat} (exit code {server.proc.poll()}); last log lines:\n"
@@ -320,13 +225,16 @@ def _cell_line(row: CellRow) -> str:
 
 
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
-                     writer: CellWriter, slos: list[SLO] | tuple = (), block: Block = Block()) -> dict:
+                     writer: CellWriter, slos: list[SLO] | tuple = (), block: Block = Block(),
+                     series: SeriesSettings | None = None, profile: ProfileSettings | None = None,
+                     profiled: tuple[int, ...] = (), trace_dir: Path | None = None) -> dict:
     """Run every cell of the matrix ``matrix.repeats`` times against a ready server; returns the workloads' facts.
 
     Closed-loop cells (one per concurrency) come first, then open-loop cells (one per request rate). Repeats run in
     rounds (every cell once, then every cell again) so that a slow drift of the host spreads over all cells instead
     of biasing the last ones; each repeat of a cell sends the same prompts under its own tag, and a rate cell's
-    repeats follow the same arrival schedule.
+    repeats follow the same arrival schedule. A profiled cell (C in ``profiled``, block 0 only) gets its profile window
+    after its last repeat (:func:`servesweep.profiled.profile_window`), its traces under ``writer.dir/profiles/``.
     """
     base = server.base_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -351,14 +259,25 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 try:
                     row = await run_cell(server, engine, sc, matrix, session, telemetry, source, key,
                                          first=rep == 0 and k == 0, slos=slos, block=block,
-                                         capacity=capacity)
+                                         capacity=capacity, series=series)
                 except CellServerDied as died:
                     # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
                     writer.add_requests(died.row.request_records())
                     raise
                 writer.add_requests(row.request_records())
                 writer.add_repeat(row.as_row())
+                name = cell_id(workload, ctx, load, level)
+                writer.add_series(row, f"{name}_r{rep}")
                 log.info(_cell_line(row))
+                if block.index == 0 and rep == matrix.repeats - 1 and closed and int(level) in profiled:
+                    # prompts under a tag of their own: none of them is in the prefix cache from a measured round
+                    fresh = get_workload(workload).for_cell(sources[(workload, ctx)],
+                                                            matrix.repeats * len(cells) + k + 1, k)
+                    columns = await profile_window(engine, sc, session, replace(row.spec, prompt_source=fresh),
+                                                   profile, writer.dir / "profiles" / name, trace_dir or writer.dir)
+                    writer.add_profile(name, columns)
+                    log.info("[%s] %s profiled: %s (%.1f s)", sc.name, name, columns.get("profile_status"),
+                             columns.get("profile_cost_s", 0.0))
                 progress.done(key, row.columns.get("agg_output_tok_s", math.nan), row.columns["errors"])
         await writer.keep_metrics(session, base, engine.metrics_path, "metrics-end.prom")
     return described
@@ -520,6 +439,11 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
     model_context = check_model_context(job, inputs.manifest)  # before any server starts
     spec, port, reaped = claim_launch(paths.servers_dir, gpus, engine, sc, Path(inputs.manifest["path"]),
                                       inputs.engine_facts)
+    trace_dir = paths.attempt_dir / "profiles" / "server"  # where a profiler set at launch writes
+    profiled = job.profile.levels(job.matrix.concurrencies,
+                                  engine.speculation_requested(sc.options, sc.draft_model_name) is not None)
+    if profiled and engine.profiler is not None:  # every block alike, though block 0 alone profiles
+        spec = engine.profiler_launch(spec, trace_dir)
     writer = CellWriter(paths.attempt_dir)
     server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,
                            records_dir=paths.servers_dir, name=job.name, gpus=gpus, config=asdict(sc))
@@ -547,7 +471,8 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
             meta["first_cell_at"] = now()
             stage = "measurement"
             meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, job.matrix, telemetry, writer,
-                                                       job.slos, job.block))
+                                                       job.slos, job.block, job.series,
+                                                       job.profile, profiled, trace_dir))
             if job.capacity is not None and job.block.index == 0:  # searched once per config, in block 0
                 meta["capacity"] = {"settings": asdict(job.capacity), "gpu_count": len(gpus),
                                     "searches": asyncio.run(run_capacity(server, engine, sc, job.matrix, telemetry,
@@ -594,9 +519,18 @@ def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
         shutil.copyfile(tele, paths.telemetry_csv)
     else:
         paths.telemetry_csv.write_text("")
+    series = paths.attempt_dir / "metrics_series.csv"
+    if series.exists():
+        shutil.copyfile(series, paths.metrics_series_csv)
+    else:
+        paths.metrics_series_csv.write_text("")
     for name in ("metrics-start.prom", "metrics-end.prom", "capacity_probes.csv"):  # not declared outputs: kept
         if (paths.attempt_dir / name).exists():
             shutil.copyfile(paths.attempt_dir / name, paths.cells_csv.parent / name)
+    profiles = paths.attempt_dir / "profiles"
+    if profiles.exists():  # the profiled cells' traces, compressed (not a declared output: a folder of its own)
+        shutil.rmtree(paths.cells_csv.parent / "profiles", ignore_errors=True)
+        shutil.copytree(profiles, paths.cells_csv.parent / "profiles", ignore=shutil.ignore_patterns("server"))
     paths.meta_json.write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 

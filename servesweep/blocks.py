@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from servesweep import stats as stats_mod
-from servesweep.bench import _row_cell_id, write_csv
+from servesweep.cells import _row_cell_id, write_csv
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,11 @@ class LaunchFiles:
     telemetry: Path
     coding_eval: Path
     greedy: Path
+
+    @property
+    def metrics_series(self) -> Path:
+        """The server's state through each window, beside ``cells.csv`` (rules/bench.smk declares it there)."""
+        return self.cells.parent / "metrics_series.csv"
 
     @classmethod
     def in_dir(cls, folder: Path) -> "LaunchFiles":
@@ -130,6 +135,16 @@ def collect(launches: list[LaunchFiles], out: LaunchFiles) -> dict:
         pd.concat(frames, ignore_index=True).to_csv(out.telemetry, index=False)
     else:
         out.telemetry.write_text("")
+    series = [f.metrics_series for f in launches if f.metrics_series.exists() and f.metrics_series.stat().st_size]
+    with open(out.metrics_series, "w") as dst:  # each launch's rows carry their block
+        for i, path in enumerate(series):
+            lines = path.read_text().splitlines(keepends=True)
+            dst.writelines(lines if i == 0 else lines[1:])
+    for f, meta in zip(launches, metas):  # the profiled cells' traces (block 0 profiles)
+        if (f.meta.parent / "profiles").is_dir():
+            dest = out.meta.parent / "profiles" / f"b{meta.get('block', 0)}"
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(f.meta.parent / "profiles", dest)
     shutil.copyfile(launches[0].coding_eval, out.coding_eval)
     shutil.copyfile(launches[0].greedy, out.greedy)
     failed = failed_blocks(metas)

@@ -20,6 +20,17 @@ def has_capacity_probes(probes) -> bool:
     return probes is not None and len(probes) > 0
 
 
+def has_profiles(cells) -> bool:
+    """Whether any cell of a cells table has a trace breakdown (a profiled cell whose engine wrote a trace)."""
+    return "profile_gpu_ms" in cells and bool(cells["profile_gpu_ms"].notna().any())
+
+
+def has_state_series(series) -> bool:
+    """Whether the runs' metrics series (``metrics_series.csv``) holds any sample of requests running or queued."""
+    return (series is not None and "metric" in series
+            and bool(series["metric"].isin(["running", "queued"]).any()))
+
+
 def has_gpu_energy(cells) -> bool:
     """Whether any cell of a cells table measured GPU energy (J per output token)."""
     return "gpu_j_per_output_token" in cells and bool(cells["gpu_j_per_output_token"].notna().any())
@@ -31,7 +42,7 @@ class Chart:
 
     ``name``: its files' stem in ``results/report/`` and its caption's, ``report/captions/<name>.rst``. ``draw``: the
     function of :mod:`servesweep.charts` that draws it, called with the tables named in ``inputs`` (of ``cells``,
-    ``speedup``, ``baseline``). ``section``: where FINDINGS.md shows it (:data:`SECTIONS`), as an image with
+    ``speedup``, ``baseline``, ``series``: the runs' metrics series). ``section``: where FINDINGS.md shows it (:data:`SECTIONS`), as an image with
     ``alt`` text, followed by ``caption`` where it has one. A chart with ``applies`` is drawn only for a sweep whose
     cells it is true of; Snakemake cannot declare an output that may not exist, so its files lie in a ``folder`` of
     their own, which stays empty otherwise, and FINDINGS.md says ``absent`` instead.
@@ -85,6 +96,18 @@ CHARTS = (
           "load, by its decision; the line marks the capacity found (docs/capacity.md).",
           applies=has_capacity_probes, folder="capacity",
           absent="No capacity search in this sweep (`capacity:`), so there is no goodput-vs-load chart."),
+    Chart("gpu_time_breakdown", "gpu_time_chart", ("cells",), "charts", "Where the GPU time went, per profiled cell",
+          "each bar one profiled cell's GPU time by kernel category, from its trace (a window after its measured "
+          "ones, docs/profiling.md); the label gives the compute stream's idle share between kernels.",
+          applies=has_profiles, folder="profile",
+          absent="No cell has a trace breakdown (no profiled cell, or its engine has no profiler), so there is no "
+                 "GPU-time chart."),
+    Chart("server_state", "server_state_chart", ("series",), "charts", "Requests running and queued through each window",
+          "the server's own gauges sampled through each measured window (block 0, first repeat), one panel per cell; "
+          "a queue that climbs through the window is a server that did not keep up.",
+          applies=has_state_series, folder="state",
+          absent="No cell sampled the server's state (metrics_series off, or no metrics endpoint), so there is no "
+                 "server-state chart."),
 )
 
 

@@ -231,14 +231,61 @@ def capacity_chart(probes: pd.DataFrame) -> alt.Chart:
             .properties(title="Capacity search: goodput vs load per probe (dashed: the capacity found)"))
 
 
+PROFILE_CATEGORIES = ("gemm", "attention", "moe", "communication", "norm_elementwise", "sampling", "copies", "other")
+
+
+def gpu_time_chart(cells: pd.DataFrame) -> alt.Chart:
+    """Per profiled cell, a stacked bar of its GPU time by kernel category (ms over the profile window), labelled
+    with the compute stream's idle share."""
+    rows = cells[cells["profile_gpu_ms"].notna()].copy()
+    rows["cell"] = [f"{c} · {p} · C={int(k)}" for c, p, k in zip(rows["config"], prompts_label(rows),
+                                                                     rows["concurrency"])]
+    data = []
+    for r in rows.to_dict("records"):
+        for cat in PROFILE_CATEGORIES:
+            ms = r.get(f"profile_{cat}_ms")
+            if ms == ms and ms:
+                data.append({"cell": r["cell"], "category": cat, "ms": ms,
+                             "share": ms / r["profile_gpu_ms"] if r["profile_gpu_ms"] else math.nan})
+    idle = pd.DataFrame({"cell": rows["cell"], "total": rows["profile_gpu_ms"],
+                         "idle": [f"idle {v:.0%}" if v == v else "idle ?" for v in rows["profile_compute_idle_share"]]})
+    bars = alt.Chart(pd.DataFrame(data)).mark_bar().encode(
+        y=alt.Y("cell:N", title=None, sort=list(rows["cell"])), x=alt.X("ms:Q", title="GPU kernel time (ms)"),
+        color=alt.Color("category:N", sort=list(PROFILE_CATEGORIES)),
+        order=alt.Order("category:N"), tooltip=["cell", "category", alt.Tooltip("ms:Q", format=".2f"),
+                                                alt.Tooltip("share:Q", format=".1%")])
+    labels = alt.Chart(idle).mark_text(align="left", dx=4).encode(y=alt.Y("cell:N", sort=list(rows["cell"])),
+                                                                   x="total:Q", text="idle:N")
+    return (alt.layer(bars, labels).properties(width=420, height=max(60, 24 * len(rows)),
+                                              title="Where the GPU time went (profiled cells)"))
+
+
+def server_state_chart(series: pd.DataFrame) -> alt.Chart:
+    """Requests running and queued (and KV-cache use where the engine gives it) through each cell's window: block 0,
+    first repeat, one panel per config and cell."""
+    data = series[series["metric"].isin(["running", "queued"])].copy()
+    if "block" in data:
+        data = data[data["block"] == data["block"].min()]
+    data = data[data["cell"].astype(str).str.endswith("_r0")]
+    data["cell"] = data["cell"].astype(str).str.removesuffix("_r0")
+    return (alt.Chart(data).mark_line(point=alt.OverlayMarkDef(size=10)).encode(
+        x=alt.X("t_window_s:Q", title="seconds into the window"), y=alt.Y("value:Q", title="requests"),
+        color=alt.Color("metric:N", title=None), tooltip=["config", "cell", "metric", "t_window_s", "value"])
+        .properties(width=180, height=110)
+        .facet(row=alt.Row("config:N", title=None), column=alt.Column("cell:N", title=None))
+        .properties(title="Requests running and queued through each window (the server's /metrics)"))
+
+
 def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_dir: str | Path,
-                 capacity_probes: pd.DataFrame | None = None) -> list[Path]:
+                 capacity_probes: pd.DataFrame | None = None, series: pd.DataFrame | None = None) -> list[Path]:
     """Every chart of :data:`~servesweep.chart_registry.CHARTS` that applies to this sweep, as PNG and SVG under
     ``out_dir`` (a chart that applies only to some sweeps in its folder, created empty where it does not); returns
-    the files written. ``capacity_probes``: the capacity searches' probes (none: no capacity chart)."""
+    the files written. ``capacity_probes``: the capacity searches' probes (none: no capacity chart); ``series``: the
+    runs' metrics series (``metrics_series.csv``), where there are any."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables = {"cells": cells, "speedup": speedup, "baseline": baseline, "capacity_probes": capacity_probes}
+    tables = {"cells": cells, "speedup": speedup, "baseline": baseline, "capacity_probes": capacity_probes,
+              "series": series if series is not None else pd.DataFrame(columns=["config", "cell", "metric"])}
     written = []
     for chart in CHARTS:
         if chart.folder:

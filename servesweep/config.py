@@ -93,6 +93,24 @@ def apply_defaults(config: dict) -> dict:
     return config
 
 
+def _profile_problems(section: dict, configs: dict, matrix: dict) -> list[tuple[str, str, str]]:
+    """The ``profile:`` section's names: configs that exist, and concurrencies some profiled config measures."""
+    problems = []
+    named = section.get("configs")
+    for name in named or []:
+        if name not in configs:
+            problems.append(("profile.configs", f"'{name}' is not a server config",
+                             f"name some of: {', '.join(sorted(configs)) or '(none defined)'}"))
+    levels = {c for name, sc in configs.items() if named is None or name in named if isinstance(sc, dict)
+              for c in (sc.get("concurrencies") or matrix.get("concurrencies") or [])}
+    for c in section.get("concurrencies") or []:
+        if c not in levels:
+            problems.append(("profile.concurrencies", f"no profiled config measures C = {c}",
+                             f"use concurrencies they measure ({', '.join(map(str, sorted(levels))) or 'none'}), "
+                             "or leave the key out for each config's lowest and highest"))
+    return problems
+
+
 def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
     """Checks a schema cannot express: references, ranges, wildcard-safe names, engine option validity."""
     problems: list[tuple[str, str, str]] = []
@@ -126,6 +144,7 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
     if baseline is not None and baseline not in configs:
         problems.append(("baseline", f"'{baseline}' is not a server config",
                          f"name one of: {', '.join(sorted(configs)) or '(none defined)'}"))
+    problems += _profile_problems(config.get("profile") or {}, configs, config.get("matrix") or {})
     for name in config.get("slurm", {}).get("per_config", {}):
         if name not in configs:
             problems.append((f"slurm.per_config.{name}", "is not a server config",

@@ -91,7 +91,7 @@ def publish_failure(job: BenchJob, paths: JobPaths, failure: LaunchFailure) -> d
     for out in (paths.cells_csv, paths.repeats_csv):
         out.write_text("")
     for name, out in (("requests.jsonl", paths.requests_jsonl), ("server.log", paths.server_log),
-                      ("telemetry.csv", paths.telemetry_csv)):
+                      ("telemetry.csv", paths.telemetry_csv), ("metrics_series.csv", paths.metrics_series_csv)):
         src = attempt / name if attempt is not None else None
         if src is not None and src.exists():
             shutil.copyfile(src, out)

@@ -12,12 +12,14 @@ import copy
 import functools
 import importlib.resources
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
 from servesweep.capacity import CapacitySettings
+from servesweep.metrics_series import SeriesSettings
+from servesweep.profiled import ProfileSettings
 from servesweep.slo import SLO, slos_from_config
 from servesweep.workloads import get_workload
 
@@ -304,6 +306,20 @@ class Block:
         return {"block": self.index, "block_position": self.position, "block_run": self.run}
 
 
+def series_settings(section: dict | None) -> SeriesSettings:
+    """The ``metrics_series:`` section, typed."""
+    section = filled(section, "metrics_series")
+    return SeriesSettings(enabled=section["enabled"], interval_s=float(section["interval_ms"]) / 1000.0,
+                          queue_growth_min=float(section["queue_growth_min"]))
+
+
+def profile_settings(params: dict | None, cfg: str) -> ProfileSettings:
+    """A bench job's ``profile`` params, typed; absent: a config the ``profile:`` section does not select."""
+    if params is None:
+        return ProfileSettings.from_section(filled({"enabled": False}, "profile"), cfg, None)
+    return ProfileSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()})
+
+
 def bench_params(config: dict, cfg: str) -> dict:
     """The bench job's params for config ``cfg`` of a checked config: everything that defines its measurement, so
     editing it reruns that config only (``rules/common.smk``, ``get_bench_params``)."""
@@ -322,6 +338,11 @@ def bench_params(config: dict, cfg: str) -> dict:
     search = config.get("capacity") or {}
     if search.get("enabled") and (not search.get("configs") or cfg in search["configs"]):
         run["capacity"] = search
+    run["metrics_series"] = filled(config.get("metrics_series"), "metrics_series")
+    # Only a config the profile: section can select gets the key: the params of every other config stay as they were.
+    profile = ProfileSettings.from_section(filled(config.get("profile"), "profile"), cfg, config.get("baseline"))
+    if profile.selected or profile.if_speculative:
+        run["profile"] = asdict(profile)
     # Only a config with a draft model gets the key: the params of every other config stay as they were.
     if entry.get("draft_model"):
         run["draft_model"] = config["models"][entry["draft_model"]]
@@ -345,6 +366,8 @@ class BenchJob:
     # quotes: its numbers as the config spelt them (2 s, not 2.0 s) and the sweep's lists where this config has its
     # own. Nothing in the job reads it.
     matrix_section: dict
+    series: SeriesSettings  # the server's state sampled through each window
+    profile: ProfileSettings  # which of this config's cells are profiled, and how
 
     @property
     def name(self) -> str:
@@ -362,7 +385,9 @@ class BenchJob:
                    host=HostSettings.from_config(params["host"]), block=block,
                    capacity=CapacitySettings.from_config(params.get("capacity") or {}, filled(params["matrix"],
                                                                                              "matrix")),
-                   matrix_section=filled(params["matrix"], "matrix"))
+                   matrix_section=filled(params["matrix"], "matrix"),
+                   series=series_settings(params.get("metrics_series")),
+                   profile=profile_settings(params.get("profile"), name))
 
     @classmethod
     def from_config(cls, name: str, config: dict, block: Block = Block()) -> "BenchJob":
@@ -391,6 +416,11 @@ class JobPaths:
     telemetry_csv: Path
     attempt_dir: Path
     servers_dir: Path = Path("results/.servers")  # launch records of running servers (lifecycle.preflight)
+
+    @property
+    def metrics_series_csv(self) -> Path:
+        """The server's state through each window (a declared output beside ``cells.csv``; empty without samples)."""
+        return self.cells_csv.parent / "metrics_series.csv"
 
     @classmethod
     def for_config(cls, results: Path, cfg: str, stamp: str | None = None, block: int | None = None) -> "JobPaths":

@@ -30,11 +30,13 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
         import pandas as pd
 
         from servesweep.charts import write_charts
+        from servesweep.metrics_series import read_series
 
         # As the plot_charts rule: the charts are drawn against concurrency.
         probes = tables.capacity_probes
         write_charts(closed_loop(pd.read_csv(tables.cells)), closed_loop(pd.read_csv(tables.speedup)), baseline,
-                     out, pd.read_csv(probes) if probes.stat().st_size > 1 else None)
+                     out, capacity_probes=pd.read_csv(probes) if probes.stat().st_size > 1 else None,
+                     series=read_series([r / "metrics_series.csv" for r in runs]))
     inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
                             throughput_md=tables.throughput_md, speedup=tables.speedup, speedup_md=tables.speedup_md,
                             energy_md=tables.energy_md, correctness=out / "correctness.csv",

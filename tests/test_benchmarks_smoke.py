@@ -31,6 +31,7 @@ RUN_ELSEWHERE = {
 # script -> what it needs that a test machine lacks
 LOAD_ONLY = {
     "aa_check.py": "runs the embedded default pipeline several times over (minutes)",
+    "metrics_sampling.py": "the embedded default's llama-server and model, and the host's CPU lease (minutes)",
     "gpu_calibration.py": "a GPU and a CUDA llama-server",
     "server_fidelity.py": "a running server and its model folder",
     "packing.py": "whole GPU sweeps under snakemake",

@@ -69,3 +69,37 @@ def test_a_block_measured_in_two_runs_is_found_and_flagged():
     text = " ".join(flags({"split_blocks": split}, pd.DataFrame(columns=["family", "design"])))
     assert "Block 1 was measured in 2 runs (`ngram` in run `r1`; `ar` in run `r2`)" in text
     assert "`SERVESWEEP_RUN=r1 snakemake …`" in text
+
+
+def test_collect_keeps_each_launchs_state_series_and_block_0s_profiles(tmp_path):
+    """The metrics series of every launch in one file (each row with its block; a launch without samples adds
+    none), and the profiled cells' traces of the launch that profiled them."""
+    launches = []
+    for block in (0, 1, 2):
+        d = tmp_path / f"b{block}"
+        d.mkdir()
+        f = LaunchFiles.in_dir(d)
+        pd.DataFrame([_round(block, 0, 100.0)]).to_csv(f.repeats, index=False)
+        for p in (f.cells, f.greedy, f.telemetry):
+            p.write_text("")
+        f.requests.write_text("")
+        f.meta.write_text(json.dumps({"config": "ar", "block": block, "status": "ok"}))
+        f.server_log.write_text("")
+        f.coding_eval.write_text("{}")
+        if block < 2:
+            f.metrics_series.write_text("config,block,cell,t,t_window_s,metric,value\n"
+                                        f"ar,{block},synthetic_ctx32_c1_r0,1.0,0.1,queued,{block}\n")
+        else:
+            f.metrics_series.write_text("")
+        if block == 0:
+            (d / "profiles" / "synthetic_ctx32_c1").mkdir(parents=True)
+            (d / "profiles" / "synthetic_ctx32_c1" / "x-TP-0.trace.json.gz").write_bytes(b"gz")
+        launches.append(f)
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    out = LaunchFiles.in_dir(out_dir)
+    collect(launches, out)
+    series = pd.read_csv(out.metrics_series)
+    assert list(series["block"]) == [0, 1] and list(series["value"]) == [0, 1]
+    assert (out_dir / "profiles" / "b0" / "synthetic_ctx32_c1" / "x-TP-0.trace.json.gz").read_bytes() == b"gz"
+    assert not (out_dir / "profiles" / "b1").exists()

@@ -32,7 +32,7 @@ def _setup(most):
 def _run(monkeypatch, sc, matrix, bound_below: int, concurrency=4):
     calls = []
 
-    async def fake_measure(server, engine, sc, session, spec, telemetry, cell_id, slos):
+    async def fake_measure(server, engine, sc, session, spec, telemetry, cell_id, slos, **sampling):
         calls.append((spec.workers, cell_id))
         bound = spec.workers < bound_below
         return ([{"index": 0, "send": 0.0, "phase": "measured"}],

@@ -4,11 +4,15 @@ Standard library only. It takes llama-server's argv (``--port``, ``--host``, ``-
 other flag is accepted and ignored, ``--version`` prints a version line and exits), so a config runs it through
 ``engines.llamacpp.binary`` (a wrapper script that execs ``python3 tests/truth_server.py "$@"``). It answers what
 servesweep asks of a llama-server: ``/health`` (503 for the first 0.2 s), ``/v1/models`` (the alias), ``/props``
-(``total_slots``; with ``--ctx-size`` one slot's ``n_ctx``), ``/metrics`` (``llamacpp:n_decode_total`` and token counters), ``POST /tokenize`` (one id per
-word or punctuation mark, ``{"tokens": [...]}``), ``POST /detokenize``, ``POST /v1/chat/completions`` (the messages' words plus 4 template tokens each; ``delta``
-chunks) and ``POST /v1/completions``: a one-shot
-JSON answer, or for ``"stream": true`` one token per server-sent event, a usage event and ``[DONE]``. Requests
-beyond ``--parallel`` slots wait for a free slot, as llama-server's do.
+(``total_slots``; with ``--ctx-size`` one slot's ``n_ctx``), ``/metrics`` (``llamacpp:n_decode_total`` and token
+counters, requests in slots ``requests_processing`` and waiting for one ``requests_deferred``), ``POST /tokenize``
+(one id per word or punctuation mark, ``{"tokens": [...]}``), ``POST /detokenize``, ``POST /v1/chat/completions``
+(the messages' words plus 4 template tokens each; ``delta`` chunks) and ``POST /v1/completions``: a one-shot JSON
+answer, or for ``"stream": true`` one token per server-sent event, a usage event and ``[DONE]``. Requests beyond
+``--parallel`` slots wait for a free slot, as llama-server's do. With ``profile_trace`` in the truth it also answers
+SGLang's ``POST /start_profile`` (``output_dir``, ``num_steps``): after ``profile_s`` (default 0.2) it writes that
+Chrome trace file into ``output_dir`` as ``<time>-TP-0.trace.json`` and answers (404 without ``profile_trace``: a
+llama-server has no profiler).
 
 **The truth** comes from the JSON in ``$TRUTH_SERVER_SPEC``, or from the JSON file named by ``$TRUTH_SERVER_FILE``
 (neither: the defaults below). Keys (all optional):
@@ -135,6 +139,8 @@ class Truth:
         self.slots = threading.BoundedSemaphore(args["parallel"])
         self.lock = threading.Lock()
         self.active = 0
+        self.waiting = 0
+        self.profiles = 0
         self.decoded = 0
         self.prompt_tokens = 0
         self.requests = 0
@@ -199,7 +205,9 @@ class Handler(BaseHTTPRequestHandler):
                     "# TYPE llamacpp:prompt_tokens_total counter\n"
                     f"llamacpp:prompt_tokens_total {STATE.prompt_tokens}\n"
                     "# TYPE llamacpp:requests_processing gauge\n"
-                    f"llamacpp:requests_processing {STATE.active}\n")
+                    f"llamacpp:requests_processing {STATE.active}\n"
+                    "# TYPE llamacpp:requests_deferred gauge\n"
+                    f"llamacpp:requests_deferred {STATE.waiting}\n")
             self._send(200, text.encode(), "text/plain; version=0.0.4")
         else:
             self._json({"error": {"message": "not found"}}, 404)
@@ -215,6 +223,15 @@ class Handler(BaseHTTPRequestHandler):
             self._complete(body)
         elif path == "/v1/chat/completions":
             self._complete(body, chat=True)
+        elif path == "/start_profile" and STATE.truth.get("profile_trace"):
+            time.sleep(float(STATE.truth.get("profile_s", 0.2)))
+            with STATE.lock:
+                STATE.profiles += 1
+                n = STATE.profiles
+            out = os.path.join(body["output_dir"], f"{int(time.time())}-{n}-TP-0.trace.json")
+            with open(STATE.truth["profile_trace"], "rb") as src, open(out, "wb") as dst:
+                dst.write(src.read())
+            self._json({"success": True, "message": f"profiled {body.get('num_steps')} steps"})
         else:
             self._json({"error": {"message": "not found"}}, 404)
 
@@ -233,8 +250,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        with STATE.lock:
+            STATE.waiting += 1
         with STATE.slots:
             with STATE.lock:
+                STATE.waiting -= 1
                 STATE.active += 1
                 STATE.requests += 1
                 STATE.prompt_tokens += n_prompt

@@ -157,6 +157,11 @@ class Engine(abc.ABC):
     # The /metrics counters of the prefix cache: (prompt tokens served from it, prompt tokens, whether the second
     # counts the first too); None: the engine exposes none. Cells get the hit rate over their window from them.
     prefix_cache_metrics: tuple[str, str, bool] | None = None
+    # The server's state as /metrics shows it, sampled through each window (servesweep.metrics_series): a quantity
+    # of metrics_series.QUANTITIES (requests running, queued, ... ) -> its sample name, summed over labels.
+    state_metrics: dict[str, str] = {}
+    # Whether ``metrics_series.enabled: auto`` samples this engine's server (its cost: docs/profiling.md).
+    state_series_by_default: bool = True
     # structured option -> (flag, kind). kind: value | flag (switch when true) | onoff | json | special
     # (``special_argv`` spells it).
     options: dict[str, tuple[str, str]] = {}
@@ -471,6 +476,25 @@ class Engine(abc.ABC):
         """The engine's own cell columns. Engines return at least the ``SPEC_COLUMNS`` (NaN where they do not report
         them), plus ``accept_length`` and ``accept_rate`` when the cell verified drafts."""
         return spec_columns()
+
+    # --- the profiler (servesweep.profiled) ----------------------------------------------------------------------
+    # What the engine's own profiler is, as the report names it; None: it has none (``no_profiler`` says so).
+    profiler: str | None = None
+    no_profiler: str = "the engine has no profiler endpoint"
+    # Whether the profiler records a number of forward steps (its traces' steps are then that many) or a duration.
+    profiler_counts_steps: bool = True
+
+    def profiler_launch(self, spec: LaunchSpec, trace_dir: Path) -> LaunchSpec:
+        """The launch of a server whose cells will be profiled, for an engine whose profiler must be set up when it
+        starts (writing under ``trace_dir``); the same launch by default."""
+        return spec
+
+    async def profile(self, session: aiohttp.ClientSession, base_url: str, sc: ServerConfig, out_dir: Path,
+                      num_steps: int, seconds: float, trace_dir: Path, timeout_s: float) -> str | None:
+        """Record ``num_steps`` forward steps (or ``seconds``) of the running load with the engine's profiler, its
+        traces under ``out_dir``; returns None, or what went wrong. ``trace_dir``: the launch's folder
+        (:meth:`profiler_launch`)."""
+        raise NotImplementedError(f"{self.label or self.name}: {self.no_profiler}")
 
 
 def prefix_cache_columns(delta: dict, hits_metric: str, prompt_metric: str, prompt_includes_hits: bool) -> dict:

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
+
 from servesweep import promtext
 from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, LogEvent, cell_label, gpu_jit_cache_dirs,
                                      spec_columns)
@@ -280,6 +282,12 @@ class SGLangEngine(Engine):
     # included: in tests/data/sglang-0.5.17-h200/ep_metrics.txt prompt_tokens_total (7 + 10,214) is the realtime
     # prefill_compute (7,980) plus prefill_cache (2,242) tokens within 1, and cached_tokens_total is 2,242.
     prefix_cache_metrics = ("sglang:cached_tokens_total", "sglang:prompt_tokens_total", True)
+    # Gauges of the scheduler's last log interval, and the cached-token counter (their HELP texts in
+    # /work/shared/fixtures/sglang-0.5.17-h200/ep_metrics.txt; num_retracted_reqs is a gauge there).
+    state_metrics = {"running": "sglang:num_running_reqs", "queued": "sglang:num_queue_reqs",
+                     "preempted": "sglang:num_retracted_reqs", "kv_usage": "sglang:token_usage",
+                     "cache_hit_rate": "sglang:cache_hit_rate", "spec_accept_length": "sglang:spec_accept_length",
+                     "cache_hit_tokens": "sglang:cached_tokens_total"}
     managed_flags = {
         **SERVING_FLAGS,
         "--model-path": "the config's model", "--model": "the config's model",
@@ -539,6 +547,20 @@ class SGLangEngine(Engine):
 
     # chat_fields: the base's, these same fields (SGLang's ChatCompletionRequest takes ignore_eos and
     # skip_special_tokens as its CompletionRequest does).
+
+    # --- the profiler ---------------------------------------------------------------------------------------
+    # POST /start_profile with num_steps: the scheduler starts torch.profiler, stops it by itself after that many
+    # forward steps and writes one Chrome trace per rank under output_dir; the HTTP call is answered once it has
+    # (scheduler_profiler_mixin.py: "The caller will be notified when reaching profiler_target_forward_ct").
+    profiler = "torch profiler (POST /start_profile)"
+
+    async def profile(self, session, base_url, sc, out_dir, num_steps, seconds, trace_dir, timeout_s):
+        body = {"output_dir": str(Path(out_dir).resolve()), "num_steps": int(num_steps),
+                "activities": ["CPU", "GPU"], "record_shapes": False, "with_stack": False}
+        async with session.post(base_url + "/start_profile", json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            text = await resp.text()
+            return None if resp.status == 200 else f"/start_profile answered {resp.status}: {text[:200]}"
 
     # --- logs and metrics --------------------------------------------------------------------------------
     def parse_log(self, text):

@@ -5,12 +5,18 @@ The log line forms follow a real 0.26.0 run kept in ``tests/data/vllm-0.26.0-h20
 """
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
+import json
 import math
 import re
 import shutil
 import subprocess
 import time
+
+from pathlib import Path
+
+import aiohttp
 
 from servesweep import promtext
 from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
@@ -119,12 +125,19 @@ class VLLMEngine(Engine):
     # "Prefix cache hits, in terms of number of cached tokens" over "Prefix cache queries, in terms of number of
     # queried tokens" (their help texts in tests/data/vllm-0.26.0-h200/gemma-ngram-metrics-end.prom).
     prefix_cache_metrics = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", True)
+    # tests/data/vllm-0.26.0-h200/gemma-ngram-metrics-end.prom: the two request gauges, the KV-cache share (1 = full)
+    # and the preemption, prefix-hit and accepted-token counters.
+    state_metrics = {"running": "vllm:num_requests_running", "queued": "vllm:num_requests_waiting",
+                     "kv_usage": "vllm:kv_cache_usage_perc", "preemptions": "vllm:num_preemptions_total",
+                     "cache_hit_tokens": "vllm:prefix_cache_hits_total",
+                     "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"}
     managed_flags = {
         **SERVING_FLAGS,
         "--model": "the config's model", "--served-model-name": "the served name",
         "--tokenizer": "the model's tokenizer", "--load-format": "the model's load_format",
         "--uds": "the TCP port it waits on",
         "--root-path": "the API routes it calls",
+        "--profiler-config": "the profiled cells' torch profiler (the profile: section)",
     }
 
     options = OPTIONS
@@ -227,6 +240,33 @@ class VLLMEngine(Engine):
 
     async def kv_capacity(self, session, base_url):
         return kv_capacity_from_metrics(await promtext.scrape(session, base_url, self.metrics_path))
+
+    # --- the profiler ---------------------------------------------------------------------------------------
+    # vLLM's torch profiler is set when the server starts (--profiler-config, vLLM 0.13 and later: profiler "torch"
+    # and an absolute torch_profiler_dir; vllm/config/profiler.py), then POST /start_profile and /stop_profile
+    # bracket what it records; it writes gzip-compressed traces there (torch_profiler_use_gzip, on by default).
+    profiler = "torch profiler (--profiler-config, POST /start_profile and /stop_profile)"
+    profiler_counts_steps = False
+
+    def profiler_launch(self, spec, trace_dir):
+        config = {"profiler": "torch", "torch_profiler_dir": str(Path(trace_dir).resolve()),
+                  "torch_profiler_with_stack": False, "torch_profiler_record_shapes": False}
+        return LaunchSpec(argv=spec.argv + ["--profiler-config", json.dumps(config)], env=spec.env, port=spec.port)
+
+    async def profile(self, session, base_url, sc, out_dir, num_steps, seconds, trace_dir, timeout_s):
+        before = set(Path(trace_dir).rglob("*")) if Path(trace_dir).exists() else set()
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.post(base_url + "/start_profile", timeout=timeout) as resp:
+            if resp.status != 200:
+                return f"/start_profile answered {resp.status}: {(await resp.text())[:200]}"
+        await asyncio.sleep(seconds)
+        async with session.post(base_url + "/stop_profile", timeout=timeout) as resp:
+            if resp.status != 200:
+                return f"/stop_profile answered {resp.status}: {(await resp.text())[:200]}"
+        for path in sorted(set(Path(trace_dir).rglob("*")) - before):  # this window's traces, to the cell's folder
+            if path.is_file():
+                shutil.move(str(path), str(Path(out_dir) / path.name))
+        return None
 
     async def flush_cache(self, session, base_url):
         # POST /reset_prefix_cache: vLLM registers it among its development routes only, with VLLM_SERVER_DEV_MODE=1

@@ -18,6 +18,7 @@ from servesweep.report.rate import closed_loop_views, rate_section
 from servesweep.report.speculative import speculative_section
 from servesweep.report.correctness import correctness_section
 from servesweep.report.energy import charts_section, power_energy_section
+from servesweep.report.profile import profile_section, state_section
 from servesweep.report.findings import (anomalies, kv_capacity_findings, engine_metric_findings, engines_findings, repeat_order_drifts,
                                         repeat_order_findings, speculation_findings)
 from servesweep.report.setup import (_matrix_text, dummy_weights_note, setup_section, side_by_side, side_by_side_note,
@@ -83,6 +84,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     env_card = inputs.env_card.read_text()
     rate_lines = rate_section(cells, metas)  # then the closed-loop sections below see closed-loop cells only
     rate_cells = cells[cells["request_rate"].notna()] if "request_rate" in cells else cells.iloc[0:0]
+    state_lines = state_section(cells)  # rate cells too: a queue grows where the offered rate is too high
     cells, speedup, repeats = closed_loop_views(cells, speedup, repeats)
     matrix = metas[0]["matrix"] if metas else {}
     host = metas[0].get("host") if metas else "?"
@@ -125,6 +127,8 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     lines += speculative_section(cells, speedup, metas, baseline)
     lines += correctness_section(pd.read_csv(inputs.correctness), inputs.correctness_md.read_text(), baseline)
     lines += power_energy_section(cells, "")
+    lines += profile_section(cells)
+    lines += state_lines
     lines += rate_lines
     lines += charts_section(cells, probes)
     lines += ["## Environment", "", env_card, ""]
