@@ -81,7 +81,7 @@ def test_state_section_flags_grown_queues_and_the_chart_draws_the_series():
     ])
     text = "\n".join(rp.state_section(cells))
     assert "every 200 ms" in text
-    assert "`ar` ctx=128 rate=2/s: the queue grew by 14.0 requests through the window (1 → 15 waiting)" in text
+    assert "`ar` ctx=128 2 req/s: the queue grew by 14.0 requests through the window (1 → 15 waiting)" in text
     assert "C=2" not in text.split("did not keep up")[0].split("\n")[-1]
     assert rp.state_section(cells.iloc[:1]) [-2].startswith("- No cell's queue grew")
     series = pd.DataFrame([{"config": "ar", "block": 0, "cell": "synthetic_ctx128_c2_r0", "t": 1.0 + i / 5,

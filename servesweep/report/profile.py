@@ -120,9 +120,7 @@ def state_section(cells: pd.DataFrame, interval_note: str = "") -> list[str]:
              f"{ms:.0f} ms, median)." + interval_note, ""]
     grew = sampled[sampled["queue_grew"].fillna(False).astype(bool)] if "queue_grew" in sampled else sampled.iloc[:0]
     for r in grew.to_dict("records"):
-        where = cell_label(r) if r.get("load", "concurrency") == "concurrency" else \
-            f"{cell_label(r).rsplit(' C=', 1)[0]} rate={r['request_rate']:g}/s"
-        lines.append(f"- `{r['config']}` {where}: the queue grew by {r['queue_growth']:.1f} requests through "
+        lines.append(f"- `{r['config']}` {cell_label(r)}: the queue grew by {r['queue_growth']:.1f} requests through "
                      f"the window ({r['state_queued_start']:.0f} → {r['state_queued_end']:.0f} waiting): the server "
                      "did not keep up.")
     if grew.empty:
