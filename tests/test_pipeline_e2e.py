@@ -191,7 +191,7 @@ def test_snakemake_html_report(workdir, tmp_path):
     assert all(img["width"] > 100 and img["height"] > 100 for img in seen.images_shown.values()), seen.images_shown
     assert seen.categories["Findings"] == ["results/report/FINDINGS.md"]
     assert set(seen.categories["Tables"]) == {f"results/tables/{t}.csv" for t in
-                                               ("throughput", "speedup", "energy", "correctness")} | \
+                                               ("throughput", "speedup", "energy", "correctness", "capacity")} | \
         {"results/tables/noise.json"}
     assert [Path(p).parent.name for p in seen.categories["Host"]] == ["env"]
     # What the report embeds is byte for byte what the run wrote, and each item says what it is.
