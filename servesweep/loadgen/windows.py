@@ -249,6 +249,20 @@ async def _sleep_unless(seconds: float, stopped: Callable[[], bool]) -> None:
         await asyncio.sleep(min(left, STOP_POLL_S))
 
 
+async def _send_in_slot(slots: asyncio.Semaphore, stopped: Callable[[], bool], target: Target, spec: LoadSpec,
+                        prompt, index_of: Callable[[], int]) -> tuple[dict | None, float]:
+    """Send one open-loop request once a slot under ``max_concurrency`` is free: its record and the time it waited
+    for the slot (``client_queue_s``, outside TTFT); (None, 0) when the window closed while it waited (not sent).
+    ``index_of`` gives the request's index at the moment it is sent."""
+    ready = now()
+    async with slots:
+        if stopped():
+            return None, 0.0
+        queued = now() - ready
+        rec = await stream_one(target, spec, prompt, index_of())
+    return rec, queued
+
+
 async def _open_sessions(spec: LoadSpec, target: Target, done: Callable[[dict], None], stopped: Callable[[], bool],
                          unsent: list[int]) -> None:
     """Open-loop sessions: session k starts when send k of ``spec.arrivals``' schedule is due (a Poisson process at
@@ -266,20 +280,20 @@ async def _open_sessions(spec: LoadSpec, target: Target, done: Callable[[dict], 
     running: set[asyncio.Task] = set()
     next_index = 0
 
-    async def session(k: int, due: float) -> None:
+    def take_index() -> int:
+        """The next request index, taken when the request is sent (sessions interleave)."""
         nonlocal next_index
+        next_index += 1
+        return next_index - 1
+
+    async def session(k: int, due: float) -> None:
         conversation = spec.prompt_source.conversation(k, 0)
         prompt, first = conversation.first(), True
         while prompt is not None:
-            ready = now()
-            async with slots:
-                if stopped():
-                    unsent.append(k)
-                    return
-                queued = now() - ready
-                index = next_index
-                next_index += 1
-                rec = await stream_one(target, spec, prompt, index)
+            rec, queued = await _send_in_slot(slots, stopped, target, spec, prompt, take_index)
+            if rec is None:
+                unsent.append(k)
+                return
             rec["session_start"] = due
             rec["client_queue_s"] = queued
             if first:
@@ -325,13 +339,10 @@ async def _open_loop(spec: LoadSpec, target: Target, take: Callable[[], tuple[in
     running: set[asyncio.Task] = set()
 
     async def one(index: int, prompt, due: float) -> None:
-        ready = now()
-        async with slots:
-            if stopped():
-                unsent.append(index)
-                return
-            queued = now() - ready
-            rec = await stream_one(target, spec, prompt, index)
+        rec, queued = await _send_in_slot(slots, stopped, target, spec, prompt, lambda: index)
+        if rec is None:
+            unsent.append(index)
+            return
         rec["scheduled"] = due
         rec["client_queue_s"] = queued
         rec["send_lag_s"] = rec["send"] - due - queued
