@@ -78,20 +78,6 @@ def compress_traces(folder: Path) -> int:
     return sum(p.stat().st_size for p in profiling.trace_files(folder))
 
 
-async def traces_settled(folder: Path, until: float, quiet_s: float = 1.0) -> None:
-    """Wait until a trace is under ``folder`` and no trace file has changed for ``quiet_s`` (a profiler that
-    answers before it has written), or until the clock reaches ``until``."""
-    last, since = None, now()
-    while now() < until:
-        files = profiling.trace_files(folder)
-        state = [(p.name, p.stat().st_size) for p in files]
-        if state != last:
-            last, since = state, now()
-        elif files and now() - since >= quiet_s:
-            return
-        await asyncio.sleep(0.1)
-
-
 async def profile_window(engine, sc, session: aiohttp.ClientSession, spec: LoadSpec, settings: ProfileSettings,
                          out_dir: Path, trace_dir: Path) -> dict:
     """Run the profile window of one cell with load ``spec`` and the engine's profiler writing into ``out_dir``
@@ -116,7 +102,7 @@ async def profile_window(engine, sc, session: aiohttp.ClientSession, spec: LoadS
     started = now()
     await run_load(replace(spec, window=plan, workers=1, label=spec.label + " (profiled)"), record, None)
     if result.get("outcome") is None:
-        await traces_settled(out_dir, started + settings.max_s)
+        await profiling.wait_for_traces(out_dir, started + settings.max_s)
     out = {"profile_cost_s": now() - started, "profile_capture_s": result.get("capture_s", math.nan)}
     problem = result.get("outcome")
     out["profile_trace_bytes"] = compress_traces(out_dir)

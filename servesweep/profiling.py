@@ -243,6 +243,25 @@ def read_trace(path: Path) -> dict:
         return json.load(fh)
 
 
+async def wait_for_traces(folder: Path, until: float, quiet_s: float = 1.0) -> bool:
+    """Wait until a trace is under ``folder`` and no trace file has changed for ``quiet_s`` (a profiler writes its
+    trace after it has answered), or until the clock (``servesweep.clock.now``) reaches ``until``; whether one is."""
+    import asyncio
+
+    from servesweep.clock import now
+
+    last, since = None, now()
+    while now() < until:
+        files = trace_files(folder)
+        state = [(p.name, p.stat().st_size) for p in files]
+        if state != last:
+            last, since = state, now()
+        elif files and now() - since >= quiet_s:
+            return True
+        await asyncio.sleep(0.1)
+    return bool(trace_files(folder))
+
+
 def trace_files(folder: Path) -> list[Path]:
     """The trace files under ``folder`` (any depth), in name order."""
     folder = Path(folder)

@@ -133,6 +133,22 @@ def test_truth_server_queue_and_profile(tmp_path, monkeypatch):
     assert len(kept) == 1 and json.loads(gzip.decompress(kept[0].read_bytes()))["traceEvents"]
 
 
+def test_a_profiler_that_does_not_stop_by_itself_is_stopped_and_its_trace_kept(tmp_path, monkeypatch):
+    """SGLang's profiler answers /start_profile at once and stops after num_steps steps; one that never does (a load
+    too short for its steps, as seen on an H200) is stopped by /stop_profile once profile.max_seconds have passed, so
+    its trace is kept, the cell says so, and it does not run on into the next cell."""
+    trace = FIXTURES / "synthetic-graphs.trace.json"
+    truth = {"speeds": {"t": 40.0}, "launch_cv": 0, "token_cv": 0, "profile_trace": str(trace), "profile_s": 0.3,
+             "profile_never_stops": True}
+    meta, cells, paths = _run(tmp_path, monkeypatch, ProfiledLlama(), truth,
+                              profile={"num_steps": 2, "warmup_seconds": 0.2, "max_seconds": 2})
+    row = cells.iloc[0]
+    assert row["profile_status"].startswith("ok (the profiler had not stopped after 2 steps in 2 s: stopped by"), row
+    assert 2.0 <= row["profile_capture_s"] < 6.0
+    kept = list((paths.cells_csv.parent / "profiles" / "synthetic_ctx16_c3").glob("*.trace.json.gz"))
+    assert len(kept) == 1
+
+
 def test_truth_server_queue_grows_above_capacity_and_no_profiler_is_said(tmp_path, monkeypatch):
     """25 requests/s offered to a server that finishes 5 per second: the queue grows by 20 a second through the
     window (flagged); llama.cpp has no profiler, so its profiled cell says so and costs no window."""

@@ -10,9 +10,10 @@ counters, requests in slots ``requests_processing`` and waiting for one ``reques
 (the messages' words plus 4 template tokens each; ``delta`` chunks) and ``POST /v1/completions``: a one-shot JSON
 answer, or for ``"stream": true`` one token per server-sent event, a usage event and ``[DONE]``. Requests beyond
 ``--parallel`` slots wait for a free slot, as llama-server's do. With ``profile_trace`` in the truth it also answers
-SGLang's ``POST /start_profile`` (``output_dir``, ``num_steps``): after ``profile_s`` (default 0.2) it writes that
-Chrome trace file into ``output_dir`` as ``<time>-TP-0.trace.json`` and answers (404 without ``profile_trace``: a
-llama-server has no profiler).
+SGLang's ``POST /start_profile`` (``output_dir``, ``num_steps``) as SGLang 0.5.17 does: it answers at once, and after
+``num_steps`` streamed tokens (``profile_never_stops``: never) writes that Chrome trace file into ``output_dir`` as
+``<time>-TP-0.trace.json``, ``profile_s`` (default 0.2) later; ``POST /stop_profile`` writes it at once (404 without
+``profile_trace``: a llama-server has no profiler).
 
 **The truth** comes from the JSON in ``$TRUTH_SERVER_SPEC``, or from the JSON file named by ``$TRUTH_SERVER_FILE``
 (neither: the defaults below). Keys (all optional):
@@ -141,6 +142,7 @@ class Truth:
         self.active = 0
         self.waiting = 0
         self.profiles = 0
+        self.profiling: dict | None = None  # an active /start_profile: its output_dir and steps left
         self.decoded = 0
         self.prompt_tokens = 0
         self.requests = 0
@@ -224,14 +226,19 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/v1/chat/completions":
             self._complete(body, chat=True)
         elif path == "/start_profile" and STATE.truth.get("profile_trace"):
-            time.sleep(float(STATE.truth.get("profile_s", 0.2)))
+            # As SGLang 0.5.17 was seen to on an H200: the call is answered at once, the profiler stops by itself
+            # after num_steps decode steps (here: streamed tokens) and only then writes its trace.
             with STATE.lock:
-                STATE.profiles += 1
-                n = STATE.profiles
-            out = os.path.join(body["output_dir"], f"{int(time.time())}-{n}-TP-0.trace.json")
-            with open(STATE.truth["profile_trace"], "rb") as src, open(out, "wb") as dst:
-                dst.write(src.read())
-            self._json({"success": True, "message": f"profiled {body.get('num_steps')} steps"})
+                STATE.profiling = {"dir": body["output_dir"], "left": int(body.get("num_steps") or 1)}
+            self._json({"success": True, "message": "Start profiling."})
+        elif path == "/stop_profile" and STATE.truth.get("profile_trace"):
+            with STATE.lock:
+                active, STATE.profiling = STATE.profiling, None
+            if active is None:
+                self._json({"error": {"message": "profiling is not in progress"}}, 400)
+                return
+            write_trace(active["dir"])
+            self._json({"success": True, "message": "Stop profiling."})
         else:
             self._json({"error": {"message": "not found"}}, 404)
 
@@ -271,6 +278,9 @@ class Handler(BaseHTTPRequestHandler):
                     self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
                     with STATE.lock:
                         STATE.decoded += 1
+                        done = step_profiler()
+                    if done is not None:
+                        threading.Thread(target=write_trace, args=(done,), daemon=True).start()
             finally:
                 with STATE.lock:
                     STATE.active -= 1
@@ -287,6 +297,31 @@ class Handler(BaseHTTPRequestHandler):
 
 
 STATE: Truth
+
+
+def step_profiler() -> str | None:
+    """One decode step under the profiler (STATE.lock held): the folder to write into when it was the last one
+    (never with ``profile_never_stops`` in the truth: a profiler that must be stopped)."""
+    active = STATE.profiling
+    if active is None or STATE.truth.get("profile_never_stops"):
+        return None
+    active["left"] -= 1
+    if active["left"] > 0:
+        return None
+    STATE.profiling = None
+    return active["dir"]
+
+
+def write_trace(folder: str) -> None:
+    """Write the truth's trace into ``folder`` after ``profile_s`` (the profiler's export)."""
+    time.sleep(float(STATE.truth.get("profile_s", 0.2)))
+    with STATE.lock:
+        STATE.profiles += 1
+        n = STATE.profiles
+    out = os.path.join(folder, f"{int(time.time())}-{n}-TP-0.trace.json")
+    with open(STATE.truth["profile_trace"], "rb") as src, open(out + ".tmp", "wb") as dst:
+        dst.write(src.read())
+    os.replace(out + ".tmp", out)
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import aiohttp
 
-from servesweep import promtext
+from servesweep import profiling, promtext
+from servesweep.clock import now
 from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, cell_label, gpu_jit_cache_dirs,
                                      spec_columns)
 from servesweep.engines.sglang_log import parse_sglang_log
@@ -404,18 +405,30 @@ class SGLangEngine(Engine):
     # skip_special_tokens as its CompletionRequest does).
 
     # --- the profiler ---------------------------------------------------------------------------------------
-    # POST /start_profile with num_steps: the scheduler starts torch.profiler, stops it by itself after that many
-    # forward steps and writes one Chrome trace per rank under output_dir; the HTTP call is answered once it has
-    # (scheduler_profiler_mixin.py: "The caller will be notified when reaching profiler_target_forward_ct").
+    # POST /start_profile with num_steps: the scheduler starts torch.profiler and stops it by itself after that many
+    # forward steps, writing one Chrome trace per rank under output_dir. SGLang 0.5.17 answers the call at once
+    # (seen on an H200, 2026-12-01: "Profiling starts" and "200 OK" in the same second), so the trace is waited
+    # for here, with the load still running: a load that stopped before num_steps steps left the profiler on, and
+    # a later /stop_profile took 72 s to write what it had, stalling the next cell (docs/profiling.md).
     profiler = "torch profiler (POST /start_profile)"
 
     async def profile(self, session, base_url, sc, out_dir, num_steps, seconds, trace_dir, timeout_s):
         body = {"output_dir": str(Path(out_dir).resolve()), "num_steps": int(num_steps),
                 "activities": ["CPU", "GPU"], "record_shapes": False, "with_stack": False}
-        async with session.post(base_url + "/start_profile", json=body,
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            text = await resp.text()
-            return None if resp.status == 200 else f"/start_profile answered {resp.status}: {text[:200]}"
+        started = now()
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.post(base_url + "/start_profile", json=body, timeout=timeout) as resp:
+            if resp.status != 200:
+                return f"/start_profile answered {resp.status}: {(await resp.text())[:200]}"
+        if await profiling.wait_for_traces(out_dir, started + timeout_s):
+            return None
+        # Not stopped by itself within the time allowed: stop it, so that it writes what it recorded and does not
+        # run on into the next cell.
+        async with session.post(base_url + "/stop_profile", timeout=timeout) as resp:
+            stopped = resp.status == 200
+        if stopped and await profiling.wait_for_traces(out_dir, now() + timeout_s):
+            return f"the profiler had not stopped after {num_steps} steps in {timeout_s:.0f} s: stopped by /stop_profile"
+        return f"no trace after {timeout_s:.0f} s, nor after /stop_profile"
 
     # --- logs and metrics --------------------------------------------------------------------------------
     def parse_log(self, text):
