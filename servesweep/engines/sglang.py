@@ -408,8 +408,9 @@ class SGLangEngine(Engine):
     # POST /start_profile with num_steps: the scheduler starts torch.profiler and stops it by itself after that many
     # forward steps, writing one Chrome trace per rank under output_dir. SGLang 0.5.17 answers the call at once
     # (seen on an H200, 2026-12-01: "Profiling starts" and "200 OK" in the same second), so the trace is waited
-    # for here, with the load still running: a load that stopped before num_steps steps left the profiler on, and
-    # a later /stop_profile took 72 s to write what it had, stalling the next cell (docs/profiling.md).
+    # for here, with the load still running: a load that stopped before num_steps steps left the profiler on until
+    # the next cell's requests gave it its steps, and writing that trace stalled the server for 72 s
+    # (docs/profiling.md).
     profiler = "torch profiler (POST /start_profile)"
 
     async def profile(self, session, base_url, sc, out_dir, num_steps, seconds, trace_dir, timeout_s):
