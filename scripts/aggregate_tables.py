@@ -1,13 +1,15 @@
 from servesweep.logs import configure
 
-configure(snakemake.log[0])
 
-from pathlib import Path
+if __name__ == "__main__":  # not when a spawned child process runs this file again (docs/architecture.md)
+    configure(snakemake.log[0])
 
-from servesweep.aggregate import TablePaths, build_tables
-from servesweep.decide import Rule
+    from pathlib import Path
 
-inputs, out, params = snakemake.input, snakemake.output, snakemake.params
-build_tables([Path(p) for p in inputs.cells], [Path(p) for p in inputs.repeats], [Path(p) for p in inputs.meta],
-             str(params.baseline), TablePaths(**{name: Path(out[name]) for name in TablePaths.__dataclass_fields__}),
-             dict(params.cost) if params.cost is not None else None, Rule.from_config(params.decision))
+    from servesweep.aggregate import TablePaths, build_tables
+    from servesweep.decide import Rule
+
+    inputs, out, params = snakemake.input, snakemake.output, snakemake.params
+    build_tables([Path(p) for p in inputs.cells], [Path(p) for p in inputs.repeats], [Path(p) for p in inputs.meta],
+                 str(params.baseline), TablePaths(**{name: Path(out[name]) for name in TablePaths.__dataclass_fields__}),
+                 dict(params.cost) if params.cost is not None else None, Rule.from_config(params.decision))

@@ -3,27 +3,29 @@ import os
 
 from servesweep.logs import configure
 
-configure(snakemake.log[0])
 
-from pathlib import Path
+if __name__ == "__main__":  # not when a spawned child process runs this file again (docs/architecture.md)
+    configure(snakemake.log[0])
 
-from servesweep.bench import JobInputs, run_launch
-from servesweep.correctness.job import CorrectnessOutputs
-from servesweep.plan import BenchJob, Block, JobPaths
-from servesweep.progress import sweep_line
+    from pathlib import Path
 
-cfg = snakemake.wildcards.cfg
-block = Block(int(snakemake.wildcards.block), snakemake.params.position, os.environ.get("SERVESWEEP_RUN", ""))
-job = BenchJob.from_params(cfg, snakemake.params.run, block)
-out = snakemake.output
-paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
-                 Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg, block=block.index).attempt_dir)
-warm = list(snakemake.input.get("warm", []))  # the host warm-up of this engine, where the sweep has one
-draft = list(snakemake.input.get("draft_model", []))  # the draft model's manifest, where the config names one
-inputs = JobInputs(json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)),
-                   host_warmup=json.load(open(warm[0])) if warm else None,
-                   draft_manifest=json.load(open(draft[0])) if draft else None)
-sweep_line(cfg, block.index, list(snakemake.params.sweep), Path(snakemake.params.benchmarks))
-# Snakemake runs the job again while attempts are left; on its last, a failure is recorded as its outputs instead.
-run_launch(job, inputs, paths, CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)),
-           last_attempt=snakemake.resources.attempts_left == 0)
+    from servesweep.bench import JobInputs, run_launch
+    from servesweep.correctness.job import CorrectnessOutputs
+    from servesweep.plan import BenchJob, Block, JobPaths
+    from servesweep.progress import sweep_line
+
+    cfg = snakemake.wildcards.cfg
+    block = Block(int(snakemake.wildcards.block), snakemake.params.position, os.environ.get("SERVESWEEP_RUN", ""))
+    job = BenchJob.from_params(cfg, snakemake.params.run, block)
+    out = snakemake.output
+    paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
+                     Path(out.telemetry), attempt_dir=JobPaths.for_config(Path("results"), cfg, block=block.index).attempt_dir)
+    warm = list(snakemake.input.get("warm", []))  # the host warm-up of this engine, where the sweep has one
+    draft = list(snakemake.input.get("draft_model", []))  # the draft model's manifest, where the config names one
+    inputs = JobInputs(json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)),
+                       host_warmup=json.load(open(warm[0])) if warm else None,
+                       draft_manifest=json.load(open(draft[0])) if draft else None)
+    sweep_line(cfg, block.index, list(snakemake.params.sweep), Path(snakemake.params.benchmarks))
+    # Snakemake runs the job again while attempts are left; on its last, a failure is recorded as its outputs instead.
+    run_launch(job, inputs, paths, CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)),
+               last_attempt=snakemake.resources.attempts_left == 0)

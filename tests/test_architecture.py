@@ -260,18 +260,36 @@ def test_modules_stay_readable():
     assert set(long) - LONG_MODULES_ALLOWED == set(), f"split along its seams: {long}"
 
 
+def _script_statements(tree: ast.Module) -> list[ast.stmt]:
+    """The module's statements with its ``if __name__ == "__main__":`` block's in its place."""
+    out: list[ast.stmt] = []
+    for node in tree.body:
+        guard = isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+        out.extend(node.body if guard else [node])
+    return out
+
+
 def test_scripts_set_up_their_log_before_the_library():
     """Every adapter calls ``servesweep.logs.configure(snakemake.log[0])`` before it imports anything else of
     servesweep, so whatever those imports log or print lands in the job's log."""
     for path in sorted((ROOT / "scripts").glob("*.py")):
-        tree = ast.parse(path.read_text())
-        first_lib = next(n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
+        body = _script_statements(ast.parse(path.read_text()))
+        first_lib = next(n for n in body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
             "servesweep"))
         assert first_lib.module == "servesweep.logs", f"{path.name}: import servesweep.logs first"
-        configured = next(i for i, n in enumerate(tree.body) if "configure(snakemake.log[0])" in ast.unparse(n))
-        later = [n for n in tree.body[:configured] if isinstance(n, ast.ImportFrom) and n is not first_lib
+        configured = next(i for i, n in enumerate(body) if "configure(snakemake.log[0])" in ast.unparse(n))
+        later = [n for n in body[:configured] if isinstance(n, ast.ImportFrom) and n is not first_lib
                  and (n.module or "").startswith("servesweep")]
         assert not later, f"{path.name}: call configure(snakemake.log[0]) before importing the library"
+
+
+def test_scripts_do_nothing_when_a_spawned_child_runs_them_again():
+    """multiprocessing's spawn runs the parent's ``__main__`` file again in each child as ``__mp_main__``; under
+    Snakemake that file is the script, and the child has no ``snakemake`` object. Every script must then do nothing."""
+    import runpy
+
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        runpy.run_path(str(path), run_name="__mp_main__")  # a NameError here is the child's crash
 
 
 def test_schema_engine_enum_is_the_registry():
