@@ -61,6 +61,35 @@ def test_one_process_measures_known_timing():
     assert client["client_cpu_s"] >= 0 and client["client_wall_s"] > 0
 
 
+def test_a_worker_process_that_dies_fails_the_load_at_once(tmp_path):
+    """A worker that dies before it is ready (here: it runs the parent's __main__ file again, as spawn does, and that
+    file needs an object only the parent has — what a Snakemake script without its guard did on an H200) fails the
+    load with the exit code within seconds, instead of the parent waiting out the request timeout."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "adapter.py"
+    script.write_text(
+        "import asyncio, time\n"
+        "from servesweep.loadgen import LoadSpec\n"
+        "from servesweep.loadgen.workers import _run_in_workers\n"
+        "parent_only  # noqa: F821: defined in the parent only, as Snakemake defines `snakemake`\n"
+        "t = time.monotonic()\n"
+        "spec = LoadSpec(base_url='http://127.0.0.1:9', model='m', concurrency=2, prompts=[[1]] * 2,\n"
+        "                output_tokens=1, progress=False, workers=2, request_timeout_s=600)\n"
+        "try:\n"
+        "    _run_in_workers(spec, 2)\n"
+        "except RuntimeError as exc:\n"
+        "    print(f'{time.monotonic() - t:.1f}', exc)\n")
+    run = tmp_path / "run.py"
+    run.write_text(f"parent_only = 1; __file__ = {str(script)!r}\n"
+                   "exec(compile(open(__file__).read(), __file__, 'exec'))\n")
+    done = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=300)
+    seconds, _, message = done.stdout.strip().partition(" ")
+    assert "exited with code 1 before it was ready" in message, (done.stdout, done.stderr[-1500:])
+    assert float(seconds) < 60 and "NameError" in done.stderr
+
+
 def test_worker_processes_share_the_parents_clock():
     async def go(url):
         t0 = now()

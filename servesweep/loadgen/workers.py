@@ -92,13 +92,14 @@ def _run_in_workers(spec: LoadSpec, workers: int, shared: _SharedWindow | None =
         proc.start()
     try:
         for _ in procs:
-            ready.get(timeout=spec.request_timeout_s + 120)
+            _get_while_alive(ready, procs, spec.request_timeout_s + 120, "before it was ready")
         go.set()
         if on_go is not None:
             on_go()
         budget = (spec.window.warmup_s + spec.window.max_s + 2 * spec.request_timeout_s if spec.window
                   else spec.request_timeout_s * max(1, len(spec.prompts)))
-        parts = [results.get(timeout=budget + 120) for _ in procs]
+        parts = [_get_while_alive(results, procs, budget + 120, "before it sent its requests' records")
+                 for _ in procs]
     finally:
         go.set()
         for proc in procs:
@@ -118,6 +119,25 @@ def _run_in_workers(spec: LoadSpec, workers: int, shared: _SharedWindow | None =
         "client_wall_s": max(c["client_wall_s"] for c in clients),
     }
     return records, client
+
+
+def _get_while_alive(queue, procs: list, timeout_s: float, when: str):
+    """The next item of ``queue``; a RuntimeError as soon as a worker process has died without sending one (it
+    cannot send it any more), or after ``timeout_s``."""
+    import queue as queues
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return queue.get(timeout=0.5)
+        except queues.Empty:
+            dead = [(k, p.exitcode) for k, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError("load-generator worker process " + ", ".join(
+                    f"{k} exited with code {code}" for k, code in dead) + f" {when} (its traceback is in the job's "
+                    "log; a spawned process runs the parent's __main__ file again, docs/architecture.md)") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"load-generator workers sent nothing in {timeout_s:.0f} s {when}") from None
 
 
 def _worker_main(spec: LoadSpec, indexed: list[tuple[int, list[int]]], clock_offset: float, ready, go,
