@@ -143,6 +143,8 @@ def test_each_engine_reads_its_draft_length_from_its_own_options():
     assert get_engine("llamacpp").draft_length({"spec_type": "ngram-simple", "spec_ngram_size_m": 8}) == 8
     assert get_engine("llamacpp").draft_length({"spec_type": "draft-simple", "draft_max": 16}) == 16
     assert get_engine("llamacpp").draft_length({"draft_max": 16}) is None  # no speculative decoding asked for
+    # a draft model without spec_type (launched as draft-simple): its draft_max is the draft length
+    assert get_engine("llamacpp").draft_length({"draft_max": 8, "draft_min": 1}, "qwen-coder-0.5b") == 8
     assert get_engine("sglang").draft_length({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8}) == 8
     assert get_engine("sglang").draft_length({"speculative_algorithm": "DDTREE", "ddtree_budget": 32,
                                               "speculative_num_draft_tokens": 8}) == 32

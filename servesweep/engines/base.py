@@ -322,9 +322,10 @@ class Engine(abc.ABC):
         name or None) ask for, or None when they ask for none."""
         return None
 
-    def draft_length(self, options: dict) -> int | None:
+    def draft_length(self, options: dict, draft_model: str | None = None) -> int | None:
         """The most tokens one speculative step drafts (or the draft tree's budget), as a config's structured options
-        set it; None where they leave it to the engine's default or ask for no speculative decoding."""
+        (and its ``draft_model``) set it; None where they leave it to the engine's default or ask for no speculative
+        decoding."""
         return None
 
     # --- preparation and launch --------------------------------------------------------------------------------

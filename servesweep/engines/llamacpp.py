@@ -177,11 +177,12 @@ class LlamaCppEngine(Engine):
         has_draft = options.get("draft_model") or draft_model
         return PLAIN_DRAFT_TYPE if has_draft and "spec_type" not in options else None
 
-    def draft_length(self, options):
+    def draft_length(self, options, draft_model=None):
         # ngram-simple drafts an m-gram (--spec-ngram-simple-size-m); the draft-model types up to --spec-draft-n-max.
         types = set(str(options.get("spec_type") or "").split(","))
         key = "spec_ngram_size_m" if "ngram-simple" in types else "draft_max"
-        return int(options[key]) if options.get(key) is not None and self.speculation_requested(options) else None
+        return int(options[key]) if options.get(key) is not None and self.speculation_requested(
+            options, draft_model) else None
 
     def world_size_terms(self, options):
         return "n_gpu_layers ≠ 0"

@@ -303,7 +303,7 @@ class SGLangEngine(Engine):
     def speculation_requested(self, options, draft_model=None):
         return _spec(options)
 
-    def draft_length(self, options):
+    def draft_length(self, options, draft_model=None):
         # DDTree's budget bounds its draft tree; the other algorithms verify speculative_num_draft_tokens per step.
         key = "ddtree_budget" if _spec(options) == "DDTREE" else "speculative_num_draft_tokens"
         return int(options[key]) if _spec(options) and options.get(key) is not None else None

@@ -193,10 +193,10 @@ class VLLMEngine(Engine):
             return str(spec["method"])
         return "draft_model" if spec.get("model") else None
 
-    def draft_length(self, options):
+    def draft_length(self, options, draft_model=None):
         spec = options.get("speculative_config")
         n = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
-        return int(n) if n is not None and self.speculation_requested(options) else None
+        return int(n) if n is not None and self.speculation_requested(options, draft_model) else None
 
     def world_size(self, options):
         """GPUs one vLLM server occupies: tp × pp × dp (expert parallelism reuses the tp × dp ranks)."""

@@ -43,7 +43,7 @@ def spec_configs(cells: pd.DataFrame, metas: list[dict]) -> list[SpecConfig]:
             continue
         meta = by_config.get(cfg, {})
         engine = meta.get("engine")
-        length = (get_engine(engine).draft_length(meta.get("options") or {})
+        length = (get_engine(engine).draft_length(meta.get("options") or {}, meta.get("draft_model"))
                   if engine in engine_names() else None)
         out.append(SpecConfig(cfg, st.requested, length, meta.get("draft_model"), meta.get("draft_model_bytes")))
     return sorted(out, key=lambda s: (s.method, s.draft_length or 0, s.config))
