@@ -13,7 +13,6 @@ profiler's own call) and the trace's breakdown (:mod:`servesweep.profiling`, ``p
 """
 from __future__ import annotations
 
-import asyncio
 import gzip
 import logging
 import math
@@ -101,7 +100,7 @@ async def profile_window(engine, sc, session: aiohttp.ClientSession, spec: LoadS
                       measure_requests=0, max_s=settings.max_s)
     started = now()
     await run_load(replace(spec, window=plan, workers=1, label=spec.label + " (profiled)"), record, None)
-    if result.get("outcome") is None:
+    if result.get("outcome") is None and not profiling.trace_files(out_dir):  # the engine's call waited for none
         await profiling.wait_for_traces(out_dir, started + settings.max_s)
     out = {"profile_cost_s": now() - started, "profile_capture_s": result.get("capture_s", math.nan)}
     problem = result.get("outcome")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing
+import queue as queues
 import statistics
 import time
 from dataclasses import replace
@@ -124,8 +125,6 @@ def _run_in_workers(spec: LoadSpec, workers: int, shared: _SharedWindow | None =
 def _get_while_alive(queue, procs: list, timeout_s: float, when: str):
     """The next item of ``queue``; a RuntimeError as soon as a worker process has died without sending one (it
     cannot send it any more), or after ``timeout_s``."""
-    import queue as queues
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -135,7 +134,7 @@ def _get_while_alive(queue, procs: list, timeout_s: float, when: str):
             if dead:
                 raise RuntimeError("load-generator worker process " + ", ".join(
                     f"{k} exited with code {code}" for k, code in dead) + f" {when} (its traceback is in the job's "
-                    "log; a spawned process runs the parent's __main__ file again, docs/architecture.md)") from None
+                    "log)") from None
             if time.monotonic() > deadline:
                 raise RuntimeError(f"load-generator workers sent nothing in {timeout_s:.0f} s {when}") from None
 
