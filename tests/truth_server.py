@@ -12,7 +12,7 @@ answer, or for ``"stream": true`` one token per server-sent event, a usage event
 ``--parallel`` slots wait for a free slot, as llama-server's do. With ``profile_trace`` in the truth it also answers
 SGLang's ``POST /start_profile`` (``output_dir``, ``num_steps``) as SGLang 0.5.17 does: it answers at once, and after
 ``num_steps`` streamed tokens (``profile_never_stops``: never) writes that Chrome trace file into ``output_dir`` as
-``<time>-TP-0.trace.json``, ``profile_s`` (default 0.2) later; ``POST /stop_profile`` writes it at once (404 without
+``<time>-TP-0.trace.json``, ``profile_s`` (default 0.2) later; ``POST /stop_profile`` writes it (``profile_s`` later) and answers (404 without
 ``profile_trace``: a llama-server has no profiler).
 
 **The truth** comes from the JSON in ``$TRUTH_SERVER_SPEC``, or from the JSON file named by ``$TRUTH_SERVER_FILE``
