@@ -296,6 +296,9 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
     results, tag = [], 10_000  # prompt tags of their own: probes share no prefix with the matrix's cells
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         sources, _ = await _prompt_sources(session, server.base_url, engine, probe_matrix)
+        # A real-text workload makes one source whatever the context length asked (its cells are keyed ctx = 0).
+        made = sorted(ctx for name, ctx in sources if name == settings.workload)
+        ctx = settings.ctx if settings.ctx in made else made[0]
         for slo in settings.targets(slos):
             search, started, stop = capacity_mod.CapacitySearch(settings), now(), None
             while (level := search.next_level()) is not None:
@@ -307,9 +310,9 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
                 probe_started, good, n, segments, rows = now(), 0, 0, 0, []
                 while True:
                     tag += 1
-                    source = get_workload(settings.workload).for_cell(sources[(settings.workload, settings.ctx)],
+                    source = get_workload(settings.workload).for_cell(sources[(settings.workload, ctx)],
                                                                       tag, tag)
-                    key = CellKey(settings.workload, settings.ctx, settings.load,
+                    key = CellKey(settings.workload, ctx, settings.load,
                                   level if settings.closed else math.nan,
                                   math.nan if settings.closed else level, segments)
                     row = await run_cell(server, engine, sc, probe_matrix, session, telemetry, source, key,
