@@ -2,6 +2,7 @@
 
     python3 benchmarks/metrics_sampling.py                       # C = 2, 200 ms, 8 pairs of 6 s windows
     python3 benchmarks/metrics_sampling.py --interval-ms 100 --pairs 6
+    python3 benchmarks/metrics_sampling.py --loop-lag            # the sampler's cost to the client's event loop
 
 One llama-server (the embedded default's build and Gemma-3-270M, ``config/config.yaml``'s ``ar`` options) serves
 every window, under the host's CPU lease as a bench job holds it (so no other servesweep bench job runs beside it:
@@ -148,6 +149,65 @@ def _full_parse_ms(text: str, repeats: int = 50) -> float:
     return 1000 * (time.process_time() - t0) / repeats
 
 
+SGLANG_FULL = ROOT / "tests" / "data" / "sglang-0.5.17-h200" / "ar-metrics-end.prom"
+
+
+async def _loop_lag(args) -> None:
+    """The load generator's event-loop lag (loadgen.windows.LoopLagMonitor, as a cell measures it) while the sampler
+    scrapes SGLang 0.5.17's whole recorded exposition (an H200 run's, 605 lines) from a loopback server every
+    interval: with no sampler, with the sampler checking only its first body (what it does), and checking every body
+    (what it did), each for ``--seconds``, in rounds of the three in a random order."""
+    from aiohttp import web
+
+    from servesweep.loadgen.windows import LoopLagMonitor
+
+    text = SGLANG_FULL.read_text()
+    sm = get_engine("sglang").state_metrics
+
+    async def metrics(_request):
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    real_scrape = promtext.scrape
+    rng = random.Random(args.seed)
+    got: dict[str, list[dict]] = {"none": [], "first body checked": [], "every body checked": []}
+    print(f"# python3 benchmarks/metrics_sampling.py --loop-lag --interval-ms {args.interval_ms:g} --seconds "
+          f"{args.seconds:g} --pairs {args.pairs}  ({len(text)} bytes, {text.count(chr(10))} lines per scrape)")
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(args.pairs):
+                order = list(got)
+                rng.shuffle(order)
+                for side in order:
+                    if side == "every body checked":
+                        metrics_series.promtext.scrape = lambda s, b, p, check=True: real_scrape(s, b, p, True)
+                    monitor = LoopLagMonitor()
+                    monitor.start()
+                    sampler = metrics_series.MetricsSampler(session, base, "/metrics", sm, args.interval_ms / 1000)
+                    if side != "none":
+                        sampler.begin()
+                    await asyncio.sleep(args.seconds)
+                    if side != "none":
+                        await sampler.end()
+                    metrics_series.promtext.scrape = real_scrape
+                    got[side].append(await monitor.stop())
+    finally:
+        metrics_series.promtext.scrape = real_scrape
+        await runner.cleanup()
+    print("| sampler | loop lag p99 (ms), median over rounds | max (ms), largest | mean (ms) |\n|---|---|---|---|")
+    for side, rows in got.items():
+        print(f"| {side} | {statistics.median(r['loop_lag_p99_ms'] for r in rows):.2f} | "
+              f"{max(r['loop_lag_max_ms'] for r in rows):.2f} | "
+              f"{statistics.fmean(r['loop_lag_mean_ms'] for r in rows):.3f} |")
+    print(f"the whole-body check alone: {_full_parse_ms(text):.2f} ms CPU per body")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, default=2)
@@ -155,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loop-lag", action="store_true",
+                    help="measure the sampler's cost to the client's event loop instead (no llama-server)")
     args = ap.parse_args(argv)
-    asyncio.run(_measure(args))
+    asyncio.run(_loop_lag(args) if args.loop_lag else _measure(args))
     return 0
 
 

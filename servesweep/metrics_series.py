@@ -82,6 +82,7 @@ class MetricsSampler:
         self.samples: list[tuple[float, dict[str, float]]] = []
         self._task: asyncio.Task | None = None
         self._stop = asyncio.Event()
+        self._checked = False
         self.t0 = math.nan
 
     @property
@@ -92,7 +93,11 @@ class MetricsSampler:
         next_at = now()
         while not self._stop.is_set():
             t = now()
-            state = read_state(await promtext.scrape(self.session, self.base, self.path), self.state_metrics)
+            # Only the first body is checked as a whole: the check's parse would stall the load's event loop on
+            # every scrape (promtext.scrape).
+            state = read_state(await promtext.scrape(self.session, self.base, self.path, check=not self._checked),
+                               self.state_metrics)
+            self._checked = True
             if state:
                 self.samples.append((t, state))
             next_at += self.interval_s
