@@ -291,11 +291,12 @@ def test_the_config_check_refuses_a_bad_capacity_section_before_any_server_start
 
 
 def test_a_real_text_workload_is_searched_at_the_one_prompt_set_it_makes(tmp_path):
-    # ShareGPT's prompts have the lengths their samples have: its cells are keyed ctx = 0 whatever
-    # matrix.context_lengths says, and the search's probes must use that set (an H200 sweep failed with KeyError).
+    # Real-text prompts (HumanEval's here, ShareGPT's on the H200) have the lengths their samples have: their cells
+    # are keyed ctx = 0 whatever matrix.context_lengths says, and the search's probes must use that set (an H200
+    # sweep failed with KeyError: ('sharegpt', 1024)).
     config = truth_sweep(tmp_path, 2, budget_s=4.0)
-    config["matrix"]["workloads"] = ["sharegpt"]
-    config["matrix"]["real_text"] = {**config["matrix"].get("real_text", {}), "pool": 16, "max_prompt_tokens": 64}
+    config["matrix"]["workloads"] = ["humaneval"]
+    config["matrix"]["real_text"] = {**config["matrix"].get("real_text", {}), "pool": 16, "max_prompt_tokens": 256}
     meta, paths = run_truth(tmp_path, config)
     assert meta["status"] == "ok", meta.get("error")
     (search,) = meta["capacity"]["searches"]
@@ -303,4 +304,4 @@ def test_a_real_text_workload_is_searched_at_the_one_prompt_set_it_makes(tmp_pat
     import pandas as pd
 
     probes = pd.read_csv(paths.cells_csv.parent / "capacity_probes.csv")
-    assert set(probes["workload"]) == {"sharegpt"} and set(probes["ctx"]) == {0}
+    assert set(probes["workload"]) == {"humaneval"} and set(probes["ctx"]) == {0}

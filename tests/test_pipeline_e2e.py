@@ -101,7 +101,10 @@ def test_pipeline_end_to_end(workdir):
         assert cells[f"slo_{name}_attainment"].between(0, 1).all()
         assert (cells[f"slo_{name}_attainment_lo"] <= cells[f"slo_{name}_attainment_hi"]).all()
     assert "## Request-rate load" in findings and "not searched" in findings
-    assert (cells["agg_output_tok_s"] > 0).all() and cells["agg_output_tok_s_ci95"].notna().all()
+    assert (cells["agg_output_tok_s"] > 0).all()
+    # an interval wherever two launches or more were measured (left-out busy ones can leave a cell one)
+    assert cells.loc[cells["repeats"] >= 2, "agg_output_tok_s_ci95"].notna().all()
+    assert cells.loc[cells["repeats"] < 2, "agg_output_tok_s_ci95"].isna().all()
     synthetic = cells[cells["workload"] == "synthetic"]
     assert (synthetic["prompt_tokens_per_request"] - 32).abs().max() <= 1
     sharegpt = cells[cells["workload"] == "sharegpt"]
