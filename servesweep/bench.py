@@ -75,7 +75,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     base = server.base_url
     window: dict = {}
     sampler = (MetricsSampler(session, base, engine.metrics_path, engine.state_metrics, series.interval_s)
-               if series is not None and series.on_for(engine) else None)
+               if series is not None and series.on_for(engine, sc.engine_settings) else None)
 
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.

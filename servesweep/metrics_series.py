@@ -38,9 +38,9 @@ class SeriesSettings:
     interval_s: float
     queue_growth_min: float
 
-    def on_for(self, engine) -> bool:
-        """Whether a cell of ``engine``'s server is sampled."""
-        return engine.state_series_by_default if self.enabled == "auto" else bool(self.enabled)
+    def on_for(self, engine, engine_settings: dict | None = None) -> bool:
+        """Whether a cell of ``engine``'s server is sampled (``engine_settings``: the config's ``engines.<name>``)."""
+        return engine.series_by_default(engine_settings or {}) if self.enabled == "auto" else bool(self.enabled)
 
 
 def wanted_lines(text: str, names: tuple[str, ...]) -> str:

@@ -230,3 +230,13 @@ def test_the_sampler_checks_only_its_first_body(monkeypatch):
     samples = asyncio.run(main())
     assert len(samples) >= 5 and all("running" in s for _, s in samples)
     assert checked == [len(text)]
+
+
+@pytest.mark.parametrize("engine,settings,on", [
+    ("sglang", {}, True), ("vllm", {}, True), ("llamacpp", {"flavour": "cpu"}, False), ("llamacpp", {}, False),
+    ("llamacpp", {"flavour": "cuda-90"}, True), ("llamacpp", {"flavour": "cuda"}, True)])
+def test_auto_samples_every_gpu_engine_and_not_llamacpp_on_the_cpu(engine, settings, on):
+    auto = metrics_series.SeriesSettings(enabled="auto", interval_s=0.2, queue_growth_min=1.0)
+    assert auto.on_for(get_engine(engine), settings) is on
+    assert metrics_series.SeriesSettings(enabled=False, interval_s=0.2, queue_growth_min=1.0).on_for(
+        get_engine("sglang"), settings) is False
