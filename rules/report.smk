@@ -37,6 +37,7 @@ rule write_findings:
         correctness="results/tables/correctness.csv",
         correctness_md="results/tables/correctness.md",
         meta=get_run_outputs("meta.json"),
+        series=get_run_outputs("metrics_series.csv"),
         env=f"results/env/{HOST}.md",
         env_facts=f"results/env/{HOST}.json",
         charts=rules.plot_charts.output,

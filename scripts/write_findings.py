@@ -13,6 +13,6 @@ if __name__ == "__main__":  # not when a spawned child process runs this file ag
     inputs = FindingsInputs(cells=i.cells, repeats=i.repeats, noise=i.noise, throughput_md=i.throughput,
                             speedup=i.speedup, speedup_md=i.speedup_md, energy_md=i.energy_md,
                             correctness=i.correctness, correctness_md=i.correctness_md, metas=i.meta, env_card=i.env,
-                            capacity=i.capacity, capacity_probes=i.capacity_probes)
+                            capacity=i.capacity, capacity_probes=i.capacity_probes, series=i.series)
     write_findings(Path(snakemake.output.findings), inputs, snakemake.params.baseline,
                    slos_from_config({"slo": snakemake.params.slo}), snakemake.params.cost)

@@ -41,7 +41,8 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
                             throughput_md=tables.throughput_md, speedup=tables.speedup, speedup_md=tables.speedup_md,
                             energy_md=tables.energy_md, correctness=out / "correctness.csv",
                             correctness_md=out / "correctness.md", metas=[r / "meta.json" for r in runs],
-                            env_card=env_card, capacity=tables.capacity, capacity_probes=tables.capacity_probes)
+                            env_card=env_card, capacity=tables.capacity, capacity_probes=tables.capacity_probes,
+                            series=[r / "metrics_series.csv" for r in runs])
     return write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"])
 
 

@@ -95,3 +95,17 @@ def test_state_section_flags_grown_queues_and_the_chart_draws_the_series():
     data = list(spec["datasets"].values())[0]
     assert {d["metric"] for d in data} == {"running", "queued"} and {d["cell"] for d in data} == {"synthetic_ctx128_c2"}
     assert len(data) == 10
+
+
+def test_the_charts_section_shows_the_server_state_chart_where_the_runs_sampled():
+    """The findings job gets the runs' series (an H200 run's FINDINGS.md said there was no server-state chart while
+    the plot job drew one, examples/h200-sglang-profile)."""
+    from servesweep.report.energy import charts_section
+
+    cells = pd.DataFrame([{"config": "ar", "concurrency": 1}])
+    series = pd.DataFrame([{"config": "ar", "block": 0, "cell": "synthetic_ctx128_c1_r0", "t": 1.0, "t_window_s": 0.0,
+                            "metric": "running", "value": 1}])
+    shown = "\n".join(charts_section(cells, None, series))
+    assert "](state/server_state.png)" in shown and "No cell sampled the server's state" not in shown
+    absent = "\n".join(charts_section(cells, None, None))
+    assert "No cell sampled the server's state" in absent and "server_state.png" not in absent

@@ -14,6 +14,7 @@ import pandas as pd
 from servesweep import decide
 from servesweep.report import decisions as rd
 from servesweep.slo import SLO
+from servesweep.metrics_series import read_series
 from servesweep.report.rate import closed_loop_views, rate_section
 from servesweep.report.speculative import speculative_section
 from servesweep.report.correctness import correctness_section
@@ -52,11 +53,12 @@ class FindingsInputs:
     env_card: Path
     capacity: Path | None = None  # capacity.csv (None or absent: no capacity search)
     capacity_probes: Path | None = None
+    series: tuple[Path, ...] = ()  # each run's metrics_series.csv (none: no series, or not passed)
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "metas":
+            if f.name in ("metas", "series"):
                 object.__setattr__(self, f.name, tuple(Path(p) for p in value))
             elif value is not None:
                 object.__setattr__(self, f.name, Path(value))
@@ -130,7 +132,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     lines += profile_section(cells)
     lines += state_lines
     lines += rate_lines
-    lines += charts_section(cells, probes)
+    lines += charts_section(cells, probes, read_series(inputs.series) if inputs.series else None)
     lines += ["## Environment", "", env_card, ""]
     lines += ["## Command lines", ""]
     for m in metas:

@@ -49,11 +49,13 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
     return lines
 
 
-def charts_section(cells: pd.DataFrame, capacity_probes: pd.DataFrame | None = None) -> list[str]:
+def charts_section(cells: pd.DataFrame, capacity_probes: pd.DataFrame | None = None,
+                   series: pd.DataFrame | None = None) -> list[str]:
     """The charts beyond the summary's (``servesweep.chart_registry``); a chart that applies only to some sweeps says
-    why it is absent from the others. ``capacity_probes``: the capacity searches' probes, where the sweep has any."""
+    why it is absent from the others. ``capacity_probes``: the capacity searches' probes, where the sweep has any;
+    ``series``: the runs' metrics series (``metrics_series.read_series``)."""
     lines = ["## Charts", ""]
-    tables = {"cells": cells, "capacity_probes": capacity_probes}
+    tables = {"cells": cells, "capacity_probes": capacity_probes, "series": series}
     for chart in charts_in("charts"):
         lines += [chart.markdown() if chart.applies_to(tables) else chart.absent, ""]
     return lines
