@@ -282,6 +282,7 @@ def test_the_metrics_series_and_the_records():
             "`ar-nograph`") in text
     assert (EXAMPLE / "pipeline" / "report" / "state" / "server_state.png").read_bytes()[:4] == b"\x89PNG"
     assert "No cell sampled the server's state" in (EXAMPLE / "pipeline" / "report" / "FINDINGS.md").read_text()
+    assert "](state/server_state.png)" in (EXAMPLE / "report" / "FINDINGS.md").read_text()
     # requests.jsonl, compressed: every request of the launch, the capacity probes' among them
     records = {}
     for cfg in CONFIGS:
