@@ -296,9 +296,10 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
     results, tag = [], 10_000  # prompt tags of their own: probes share no prefix with the matrix's cells
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         sources, _ = await _prompt_sources(session, server.base_url, engine, probe_matrix)
-        # A real-text workload makes one source whatever the context length asked (its cells are keyed ctx = 0).
-        made = sorted(ctx for name, ctx in sources if name == settings.workload)
-        ctx = settings.ctx if settings.ctx in made else made[0]
+        # The workload's own key for its prompt set: a real-text workload makes one, keyed ctx = 0, whatever the
+        # context length asked.
+        lengths = get_workload(settings.workload).prompt_lengths(probe_matrix)
+        ctx = settings.ctx if settings.ctx in lengths else lengths[0]
         for slo in settings.targets(slos):
             search, started, stop = capacity_mod.CapacitySearch(settings), now(), None
             while (level := search.next_level()) is not None:

@@ -160,9 +160,6 @@ class Engine(abc.ABC):
     # The server's state as /metrics shows it, sampled through each window (servesweep.metrics_series): a quantity
     # of metrics_series.QUANTITIES (requests running, queued, ... ) -> its sample name, summed over labels.
     state_metrics: dict[str, str] = {}
-    # Whether ``metrics_series.enabled: auto`` samples this engine's server (its cost: docs/profiling.md); see
-    # ``series_by_default`` for an engine whose default depends on its settings.
-    state_series_by_default: bool = True
     # structured option -> (flag, kind). kind: value | flag (switch when true) | onoff | json | special
     # (``special_argv`` spells it).
     options: dict[str, tuple[str, str]] = {}
@@ -183,8 +180,8 @@ class Engine(abc.ABC):
     # --- configuration -----------------------------------------------------------------------------------------
     def series_by_default(self, settings: dict) -> bool:
         """Whether ``metrics_series.enabled: auto`` samples this engine's servers, given the config's
-        ``engines.<name>`` settings."""
-        return self.state_series_by_default
+        ``engines.<name>`` settings (its cost: docs/profiling.md). Yes unless an engine says otherwise."""
+        return True
 
     def config_problems(self, sc: ServerConfig, matrix: Matrix | None = None,
                         host_gpus: int | None = None) -> list[Problem]:

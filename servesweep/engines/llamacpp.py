@@ -98,10 +98,6 @@ class LlamaCppEngine(Engine):
     # "Number of prompt tokens reused from the cache" and "... processed, excluding cached tokens" (their help texts in
     # tests/data/llamacpp-0.3.36/ar-metrics-after.txt): the second leaves the hits out.
     prefix_cache_metrics = ("llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total", False)
-    # Off under metrics_series.enabled auto on the CPU: on the 2-core CPU default the paired throughput with and
-    # without sampling was not resolved (95 % intervals 0.55-1.52 and 0.81-1.65 in two runs, docs/profiling.md): not
-    # called negligible. On for a CUDA build (series_by_default), whose server does not share the client's cores.
-    state_series_by_default = False
     no_profiler = ("llama-server has no profiler endpoint (no torch profiler; its GPU kernels are seen with Nsight "
                    "Systems only)")
     # tests/data/llamacpp-0.3.36/ar-metrics-after.txt: requests in slots, requests waiting for one (deferred), the
@@ -121,6 +117,9 @@ class LlamaCppEngine(Engine):
     draft_formats = ("gguf",)
 
     def series_by_default(self, settings: dict) -> bool:
+        # Off on the CPU: on the 2-core CPU default the paired throughput with and without sampling was not resolved
+        # (95 % intervals 0.55-1.52 and 0.81-1.65 in two runs, docs/profiling.md): not called negligible. On for a
+        # CUDA build, whose server does not share the client's cores.
         return str(settings.get("flavour") or "cpu") != "cpu"
 
     def engine_problems(self, sc, matrix):
