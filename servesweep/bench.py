@@ -200,7 +200,8 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     columns["cache_flushed"] = math.nan if flushed is None else flushed
     cell_records = [r for r in records if r.get("phase") != "client-bound"]
     columns.update(workload.cell_columns([r for r in cell_records if r.get("phase") == "measured"]))
-    columns.update(prefix_reuse_columns(workload, cell_records, columns, matrix.prefix_reuse_tolerance))
+    columns.update(prefix_reuse_columns(workload, cell_records, columns, matrix.prefix_reuse_tolerance,
+                                        cache_on=engine.prefix_cache_on(sc)))
     columns.update(kv_capacity_columns(capacity, [r for r in cell_records if r.get("phase") == "measured"], columns))
     if not closed:
         columns["max_concurrency"] = matrix.max_concurrency

@@ -46,6 +46,7 @@ EVERY_KEY = {
     "speculative_dflash_block_size": 8, "ddtree_budget": 16, "cuda_graph": False, "cuda_graph_max_bs": 64,
     "nvls": True, "skip_server_warmup": True, "mem_fraction_static": 0.85, "context_length": 32768,
     "max_running_requests": 128, "trust_remote_code": True, "disable_piecewise_cuda_graph": True,
+    "disable_radix_cache": True, "chat_template": "gemma-it",
 }
 
 
@@ -57,7 +58,8 @@ def test_argv_every_key_old_spelling():
         "--speculative-num-draft-tokens", "4", "--speculative-dflash-block-size", "8",
         "--speculative-ddtree-budget", "16", "--disable-cuda-graph", "--cuda-graph-max-bs", "64",
         "--enable-nccl-nvls", "--skip-server-warmup", "--mem-fraction-static", "0.85", "--context-length", "32768",
-        "--max-running-requests", "128", "--trust-remote-code", "--disable-piecewise-cuda-graph"]
+        "--max-running-requests", "128", "--trust-remote-code", "--disable-piecewise-cuda-graph",
+        "--disable-radix-cache", "--chat-template", "gemma-it"]
 
 
 def test_argv_new_spelling_0_5_23():
@@ -296,6 +298,31 @@ def test_skip_server_warmup_asks_for_client_warmup():
 
     assert SGLangEngine().needs_client_warmup(view({"tp": 8, "skip_server_warmup": True}))
     assert not SGLangEngine().needs_client_warmup(view({"tp": 8}))
+
+
+def test_a_config_that_turns_the_radix_cache_off_is_not_flagged_for_missed_reuse():
+    from servesweep.config import ServerConfig
+    from servesweep.engines.sglang import SGLangEngine
+    from servesweep.workloads import get_workload, prefix_reuse_columns
+
+    def view(options, extra=()):
+        return ServerConfig(name="x", engine="sglang", model_name="m", model={}, options=options,
+                            extra_args=list(extra))
+
+    engine = SGLangEngine()
+    assert engine.prefix_cache_on(view({}))
+    assert not engine.prefix_cache_on(view({"disable_radix_cache": True}))
+    assert not engine.prefix_cache_on(view({}, ["--disable-radix-cache"]))
+    # a session cell meant to take 80 % of its prompt tokens from the cache, and the server served none
+    records = [{"phase": "measured", "prompt_tokens": 100, "shared_prefix_tokens": 80, "prefix_group": "g",
+                "completion_tokens": 8}]
+    sessions = get_workload("multi_turn")
+    on = prefix_reuse_columns(sessions, records, {"prefix_cache_hit_rate": 0.0}, 0.1,
+                              cache_on=engine.prefix_cache_on(view({})))
+    off = prefix_reuse_columns(sessions, records, {"prefix_cache_hit_rate": 0.0}, 0.1,
+                               cache_on=engine.prefix_cache_on(view({"disable_radix_cache": True})))
+    assert on["prefix_reuse_missed"] is True and on["prefix_cache"] == "on"
+    assert off["prefix_reuse_missed"] is False and off["prefix_cache"] == "off"
 
 
 def test_findings_name_the_speculative_request_cap_and_eager_decoding():

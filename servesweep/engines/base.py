@@ -420,6 +420,12 @@ class Engine(abc.ABC):
         share prefixes) or not; none by default (an engine whose cache is a server option)."""
         return {}
 
+    def prefix_cache_on(self, sc: ServerConfig) -> bool:
+        """Whether the config leaves the server's prefix cache on (True by default: every engine here ships it on).
+        A cell of a config that turns it off is not flagged for missing its workload's reuse: nothing was meant to
+        be served from a cache the config switched off (``prefix_reuse_columns``)."""
+        return True
+
     def needs_client_warmup(self, sc: ServerConfig) -> bool:
         """True when the config tells the server to skip its own warm-up, so the client must warm it up."""
         return False

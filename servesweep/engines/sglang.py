@@ -58,12 +58,17 @@ OPTIONS = {
     "max_running_requests": ("--max-running-requests", "value"),
     "trust_remote_code": ("--trust-remote-code", "flag"),
     "disable_piecewise_cuda_graph": ("", "special"),
+    # the prefix cache off: every prompt token is computed (docs/workloads.md, "Prefix-cache accounting")
+    "disable_radix_cache": ("--disable-radix-cache", "flag"),
+    # a chat template for the chat endpoint where the model ships none: one of SGLang's own names (gemma-it,
+    # chatml, ...) or a .jinja/.json file's path
+    "chat_template": ("--chat-template", "value"),
 }
 POSITIVE_INT_OPTIONS = ("tp", "pp", "ep", "dp", "ddtree_budget", "speculative_num_steps", "speculative_eagle_topk",
                         "speculative_num_draft_tokens", "speculative_dflash_block_size", "cuda_graph_max_bs",
                         "context_length", "max_running_requests")
 BOOL_OPTIONS = ("enable_dp_attention", "cuda_graph", "nvls", "skip_server_warmup", "trust_remote_code",
-                "disable_piecewise_cuda_graph")
+                "disable_piecewise_cuda_graph", "disable_radix_cache")
 A2A_BACKENDS = {"none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe", "deepep_v2",
                 "pplx", "ascend_tp"}
 
@@ -315,6 +320,10 @@ class SGLangEngine(Engine):
 
     def needs_client_warmup(self, sc):
         return bool(sc.options.get("skip_server_warmup"))
+
+    def prefix_cache_on(self, sc):
+        # the radix cache is on unless the config passes --disable-radix-cache, as an option or an extra argument
+        return not (sc.options.get("disable_radix_cache") or "--disable-radix-cache" in map(str, sc.extra_args))
 
     # --- preparation and launch --------------------------------------------------------------------------
     def prepare(self, settings, log):

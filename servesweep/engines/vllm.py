@@ -276,6 +276,10 @@ class VLLMEngine(Engine):
         async with session.post(base_url + "/reset_prefix_cache") as resp:
             return resp.status == 200
 
+    def prefix_cache_on(self, sc):
+        # vLLM's V1 engine caches prefixes by default; --no-enable-prefix-caching turns it off
+        return "--no-enable-prefix-caching" not in map(str, sc.extra_args)
+
     def load_fields(self, sc):
         # CompletionRequest.skip_special_tokens (default True) leaves special tokens out of the streamed text; False
         # streams their text too, so a chunk that holds only special tokens still carries text to the client.

@@ -20,6 +20,7 @@ from servesweep.report.speculative import speculative_section
 from servesweep.report.correctness import correctness_section
 from servesweep.report.energy import charts_section, power_energy_section
 from servesweep.report.profile import profile_section, state_section
+from servesweep.report.sessions import sessions_section
 from servesweep.report.findings import (anomalies, kv_capacity_findings, engine_metric_findings, engines_findings, repeat_order_drifts,
                                         repeat_order_findings, speculation_findings)
 from servesweep.report.setup import (_matrix_text, dummy_weights_note, setup_section, side_by_side, side_by_side_note,
@@ -127,6 +128,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     if warnings:
         lines += ["Configuration warnings:", ""] + warnings + [""]
     lines += speculative_section(cells, speedup, metas, baseline)
+    lines += sessions_section(cells, repeats, baseline)
     lines += correctness_section(pd.read_csv(inputs.correctness), inputs.correctness_md.read_text(), baseline)
     lines += power_energy_section(cells, "")
     lines += profile_section(cells)

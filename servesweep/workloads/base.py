@@ -167,13 +167,15 @@ def reachable_hit_rate(records: list[dict], measured: list[dict]) -> float:
     return _token_share(measured, served)
 
 
-def prefix_reuse_columns(workload, records: list[dict], columns: dict, tolerance: float) -> dict:
+def prefix_reuse_columns(workload, records: list[dict], columns: dict, tolerance: float,
+                         cache_on: bool = True) -> dict:
     """The reuse a cell's workload intended against what the server's prefix cache achieved, over the cell's
     measured requests (``records``: the cell's, warm-up and drain included): ``intended_hit_rate`` (from their
     ``shared_prefix_tokens``), ``reachable_hit_rate`` (only where a request of the same group had streamed its first
     token before the request was sent), ``usage_cached_hit_rate`` (usage's cached tokens, where the server reports
     them) and ``prefix_reuse_missed`` — a workload that means to reuse prefixes whose achieved rate (the engine's
-    counters, ``prefix_cache_hit_rate``) is more than ``tolerance`` below the intended one."""
+    counters, ``prefix_cache_hit_rate``) is more than ``tolerance`` below the intended one — never where the config
+    turned the cache off (``cache_on`` False; ``prefix_cache`` says which)."""
     measured = [r for r in records if r.get("phase") == "measured"]
     intended = intended_hit_rate(measured)
     cached = [r for r in measured if isinstance(r.get("cached_prompt_tokens"), int) and r.get("prompt_tokens")]
@@ -181,7 +183,8 @@ def prefix_reuse_columns(workload, records: list[dict], columns: dict, tolerance
            "usage_cached_hit_rate": (sum(r["cached_prompt_tokens"] for r in cached)
                                      / sum(r["prompt_tokens"] for r in cached)) if cached else math.nan}
     achieved = columns.get("prefix_cache_hit_rate", math.nan)
-    out["prefix_reuse_missed"] = bool(workload.reuses_prefixes and intended > 0 and achieved == achieved
+    out["prefix_cache"] = "on" if cache_on else "off"
+    out["prefix_reuse_missed"] = bool(cache_on and workload.reuses_prefixes and intended > 0 and achieved == achieved
                                       and achieved < intended - tolerance)
     return out
 
