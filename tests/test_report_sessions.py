@@ -38,7 +38,7 @@ def test_the_section_recomputes_each_turn_and_pairs_the_ratio_per_block():
     assert next(line for line in text.splitlines() if line.startswith("| `off` |")).count("| off | 0% / 80% |") == 1
     # the paired ratio at turn 3 is near the 2x set above; turn 1 near 1x; the block shift cancels in the pairs
     ratios = next(line for line in text.splitlines() if line.startswith("- `off` TTFT"))
-    assert "paired over 3 blocks" in ratios
+    assert "paired blocks (n = 3)" in ratios
     turn3 = float(ratios.split("turn 3 ")[1].split("×")[0])
     turn1 = float(ratios.split("turn 1 ")[1].split("×")[0])
     assert math.isclose(turn3, 2.0, rel_tol=0.05) and math.isclose(turn1, 1.0, rel_tol=0.05)

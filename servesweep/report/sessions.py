@@ -15,7 +15,7 @@ import re
 
 import pandas as pd
 
-from servesweep import decide
+from servesweep import compare
 from servesweep.stats import mean_ci95
 
 TURN_COLUMN = re.compile(r"^ttft_p50_s_turn(\d+)$")
@@ -24,19 +24,6 @@ KEYS = ["workload", "concurrency"]
 
 def _turns(frame: pd.DataFrame) -> list[int]:
     return sorted(int(m.group(1)) for c in frame.columns if (m := TURN_COLUMN.match(c)) and frame[c].notna().any())
-
-
-def launch_means(repeats: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """One row per (config, workload, C, block): the mean of each column over that launch's rounds (rounds whose
-    client could not keep up left out)."""
-    rows = repeats
-    if "client_bound" in rows:
-        rows = rows[~rows["client_bound"].fillna(False).astype(bool)]
-    present = [c for c in columns if c in rows]
-    numeric = rows[["config", *KEYS, "block", *present]].copy()
-    for c in present:
-        numeric[c] = pd.to_numeric(numeric[c], errors="coerce")
-    return numeric.groupby(["config", *KEYS, "block"], as_index=False)[present].mean()
 
 
 def _ms(value: float, half: float) -> str:
@@ -56,9 +43,9 @@ def sessions_section(cells: pd.DataFrame, repeats: pd.DataFrame | None, baseline
     turns = _turns(repeats)
     if not turns:
         return []
-    columns = [f"ttft_p50_s_turn{k}" for k in turns] + [f"prompt_tokens_turn{k}" for k in turns]
-    columns += ["prefix_cache_hit_rate", "intended_hit_rate"]
-    launches = launch_means(repeats, columns)
+    rounds = compare.quiet(repeats)
+    if "client_bound" in rounds:  # rounds whose client could not keep up are left out
+        rounds = rounds[~rounds["client_bound"].fillna(False).astype(bool)]
     lines = ["## Sessions and the prefix cache", "",
              "Each simulated user's turn resends the conversation so far, so most of a turn's prompt was sent "
              "before. Per cell: the context each turn carried (mean prompt tokens, as the server counted them), its "
@@ -68,8 +55,8 @@ def sessions_section(cells: pd.DataFrame, repeats: pd.DataFrame | None, baseline
              "which decides throughput and per-user speed.", ""]
     cache = (repeats.dropna(subset=["prefix_cache"]).groupby(["config", *KEYS])["prefix_cache"].first()
              if "prefix_cache" in repeats else None)
-    for (workload, conc), cell in launches.groupby(KEYS, sort=True):
-        cell_turns = [k for k in turns if cell[f"ttft_p50_s_turn{k}"].notna().any()]
+    for (workload, conc), cell in rounds.groupby(KEYS, sort=True):
+        cell_turns = [k for k in turns if pd.to_numeric(cell[f"ttft_p50_s_turn{k}"], errors="coerce").notna().any()]
         if not cell_turns:
             continue
         lines += [f"`{workload}` at C = {int(conc)} (users):", ""]
@@ -81,31 +68,28 @@ def sessions_section(cells: pd.DataFrame, repeats: pd.DataFrame | None, baseline
         for cfg in order:
             g = by_config[cfg]
             state = cache.get((cfg, workload, conc), "") if cache is not None else ""
-            row = [f"`{cfg}`", str(state) if isinstance(state, str) else "",
-                   f"{_share(g['prefix_cache_hit_rate'].mean())} / {_share(g['intended_hit_rate'].mean())}"]
+            served, meant = (compare.launch_means(g, c).mean() for c in ("prefix_cache_hit_rate", "intended_hit_rate"))
+            row = [f"`{cfg}`", str(state) if isinstance(state, str) else "", f"{_share(served)} / {_share(meant)}"]
             for k in cell_turns:
-                mean, half = mean_ci95(g[f"ttft_p50_s_turn{k}"].dropna().tolist())
-                context = g[f"prompt_tokens_turn{k}"].mean()
+                mean, half = mean_ci95(compare.launch_means(g, f"ttft_p50_s_turn{k}").tolist())
+                context = compare.launch_means(g, f"prompt_tokens_turn{k}").mean()
                 row.append(f"{context:,.0f}, {_ms(mean, half)}" if pd.notna(context) else _ms(mean, half))
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
         if baseline in by_config:
-            base = by_config[baseline].set_index("block")
             for cfg in order:
                 if cfg == baseline:
                     continue
-                other = by_config[cfg].set_index("block")
-                parts = []
+                parts, designs = [], set()
                 for k in cell_turns:
-                    col = f"ttft_p50_s_turn{k}"
-                    est = decide.paired(base[col].dropna().to_dict(), other[col].dropna().to_dict())
+                    est = compare.estimate(by_config[baseline], by_config[cfg], f"ttft_p50_s_turn{k}")
                     if est.n == 0:
                         continue
-                    interval = (f" [{est.lo:.2f}, {est.hi:.2f}]" if math.isfinite(est.lo) else " (one block: no "
-                                "interval)")
+                    designs.add(f"{est.design} (n = {est.n})")
+                    interval = f" [{est.lo:.2f}, {est.hi:.2f}]" if math.isfinite(est.lo) else " (no interval)"
                     parts.append(f"turn {k} {est.ratio:.2f}×{interval}")
                 if parts:
-                    lines.append(f"- `{cfg}` TTFT over `{baseline}`'s, paired over "
-                                 f"{len(set(base.index) & set(other.index))} blocks: " + "; ".join(parts) + ".")
+                    lines.append(f"- `{cfg}` TTFT over `{baseline}`'s, {', '.join(sorted(designs))}: "
+                                 + "; ".join(parts) + ".")
         lines.append("")
     return lines
