@@ -71,6 +71,28 @@ def test_a_block_measured_in_two_runs_is_found_and_flagged():
     assert "`SERVESWEEP_RUN=r1 snakemake …`" in text
 
 
+def test_blocks_split_alike_share_one_flag():
+    """A config added in a later run splits every block the same way: one sentence names all of them, and a block
+    split differently keeps its own."""
+    import pandas as pd
+
+    from servesweep.compare import split_blocks
+    from servesweep.report.decisions import flags
+
+    rows = [{"config": c, "block": b, "block_run": run, "cell_start": 10 * b + i, "agg_output_tok_s": 10.0}
+            for b in range(3) for i, (c, run) in enumerate([("ar", "r1"), ("ar-noradix", "r1"), ("ar-copy", "r2")])]
+    rows += [{"config": "x", "block": 3, "block_run": "r3", "cell_start": 40, "agg_output_tok_s": 10.0},
+             {"config": "ar", "block": 3, "block_run": "r1", "cell_start": 41, "agg_output_tok_s": 10.0}]
+    split = split_blocks(pd.DataFrame(rows))
+    assert [s["block"] for s in split] == [0, 1, 2, 3]
+    lines = flags({"split_blocks": split}, pd.DataFrame(columns=["family", "design"]))
+    text = " ".join(lines)
+    assert text.count("measured in 2 runs") == 2
+    assert ("Blocks 0, 1 and 2 were each measured in 2 runs (`ar`, `ar-noradix` in run `r1`; `ar-copy` in run "
+            "`r2`): their launches are not paired across them") in text
+    assert "Block 3 was measured in 2 runs (`x` in run `r3`; `ar` in run `r1`)" in text
+
+
 def test_collect_keeps_each_launchs_state_series_and_block_0s_profiles(tmp_path):
     """The metrics series of every launch in one file (each row with its block; a launch without samples adds
     none), and the profiled cells' traces of the launch that profiled them."""

@@ -144,6 +144,10 @@ def test_the_report_names_the_flagged_cell_and_the_uncounted_one():
     assert lines[0].startswith("- `a` shared_prefix C=4: the prefix cache served 21% of the prompt tokens where the "
                                "workload meant 67% (`prefix_reuse_missed`); 33% were reachable")
     assert lines[1].startswith("- `c` ") and "no prefix-cache counters" in lines[1]
+    # A config that turns its cache off (prefix_cache: off) counts nothing by design: not reported as uncounted.
+    cells["prefix_cache"] = ["on", "on", "on", "on"]
+    off = pd.concat([cells, cells.iloc[[2]].assign(config="e", prefix_cache="off")], ignore_index=True)
+    assert [line[:5] for line in prefix_reuse_findings(off)] == ["- `a`", "- `c`"]
 
 
 def test_vllm_configs_that_flush_need_the_development_routes(default_config):

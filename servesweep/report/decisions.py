@@ -154,14 +154,22 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
         else:
             out.append(f"Replicate check: {', '.join(f'`{c}`' for c in copies)}, launched exactly like the baseline, "
                        f"was called different in none of its {len(checks)} cells, as expected.")
+    # Blocks split alike (the same configs in the same runs: a config added or re-measured in a later run splits
+    # every block) share one sentence.
+    alike: dict[tuple, list[int]] = {}
     for split in design.get("split_blocks") or []:
-        runs = list(split["runs"].items())
+        key = tuple((run, tuple(cfgs)) for run, cfgs in split["runs"].items())
+        alike.setdefault(key, []).append(split["block"])
+    for runs, blocks in alike.items():
         parts = "; ".join(f"{', '.join(f'`{c}`' for c in cfgs)} in run `{run}`" for run, cfgs in runs)
-        out.append(f"Block {split['block']} was measured in {len(runs)} runs ({parts}): its launches are not paired "
-                   "across them: a comparison of configs from different runs leaves this block out (and is unpaired where "
-                   "fewer than two common blocks are left). A run cut short and started again at once keeps its "
-                   "pairs when the second invocation is given the first one's id, "
-                   f"`SERVESWEEP_RUN={runs[0][0]} snakemake …` (docs/measurement.md, \"Blocks\").")
+        which = (f"Block {blocks[0]} was" if len(blocks) == 1 else
+                 f"Blocks {', '.join(map(str, blocks[:-1]))} and {blocks[-1]} were each")
+        out.append(f"{which} measured in {len(runs)} runs ({parts}): {'its' if len(blocks) == 1 else 'their'} "
+                   "launches are not paired across them: a comparison of configs from different runs leaves "
+                   f"{'this block' if len(blocks) == 1 else 'these blocks'} out (and is unpaired where fewer than two "
+                   "common blocks are left). A run cut short and started again at once keeps its pairs when the "
+                   f"second invocation is given the first one's id, `SERVESWEEP_RUN={runs[0][0]} snakemake …` "
+                   "(docs/measurement.md, \"Blocks\").")
     sweep = speedup[speedup["family"] == "sweep"] if "family" in speedup else speedup
     weak = sweep[sweep["design"].isin([decide.UNPAIRED, decide.ONE_LAUNCH])] if "design" in sweep else sweep.iloc[0:0]
     if len(weak):

@@ -129,6 +129,8 @@ def prefix_reuse_findings(cells: pd.DataFrame) -> list[str]:
         return []
     out = []
     meant = cells[pd.to_numeric(cells["intended_hit_rate"], errors="coerce") > 0]
+    if "prefix_cache" in meant:  # a config that turns its cache off serves none of it by design: not an anomaly
+        meant = meant[meant["prefix_cache"].astype(str) != "off"]
     for r in meant.itertuples():
         achieved = getattr(r, "prefix_cache_hit_rate", math.nan)
         if pd.isna(achieved):
