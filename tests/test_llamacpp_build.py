@@ -70,6 +70,24 @@ def test_the_cache_is_keyed_by_the_cpus_instruction_sets():
     assert llamacpp_build.binary_path("1", "cpu", "k1") != llamacpp_build.binary_path("1", "cpu", "k2")
 
 
+def test_the_build_leaves_amx_out_on_x86_and_its_recipe_is_in_the_key(monkeypatch):
+    """ggml's AMX kernels crashed the server at its first decode on an Intel VM that reports AMX: on x86 the native
+    build is told -mno-amx-*, for the CPU and the CUDA flavours alike, and a binary built before that recipe is
+    not reused (the recipe is part of the cache key)."""
+    monkeypatch.setattr(llamacpp_build.platform, "machine", lambda: "x86_64")
+    for flavour in ("cpu", "cuda-90"):
+        args = llamacpp_build.cmake_args(flavour)
+        assert "-DGGML_NATIVE=ON" in args
+        for lang in ("C", "CXX"):
+            flags = next(a for a in args if a.startswith(f"-DCMAKE_{lang}_FLAGS="))
+            assert set(flags.split("=", 1)[1].split()) == {"-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"}
+    monkeypatch.setattr(llamacpp_build.platform, "machine", lambda: "aarch64")
+    assert not [a for a in llamacpp_build.cmake_args("cpu") if "amx" in a]  # no such flags for an Arm compiler
+    before = llamacpp_build.isa_key(NEW_XEON)
+    monkeypatch.setattr(llamacpp_build, "RECIPE", "another")
+    assert llamacpp_build.isa_key(NEW_XEON) != before
+
+
 def test_a_cached_binary_that_does_not_run_is_built_again(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVESWEEP_CACHE", str(tmp_path / "cache"))
     target = llamacpp_build.binary_path("0.0.4", "cpu")

@@ -58,9 +58,20 @@ def cpu_features(cpuinfo: str | None = None) -> list[str]:
     return []
 
 
+# ggml's AMX matrix kernels, compiled in by -march=native on a CPU that reports AMX, crashed the server at its
+# first decode on a 2-core Intel Xeon VM that reports amx_tile/amx_int8/amx_bf16 (SIGSEGV in
+# ggml_backend_amx_mul_mat, gdb backtrace; docs/architecture.md, "The embedded engine's build"): the build leaves AMX
+# out on x86 (the AVX-512/AVX2 kernels serve instead). Why AMX crashed there was not measured.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+# The build recipe, part of the cache key: changing the compiler flags starts a new cache entry instead of reusing a
+# binary built the old way.
+RECIPE = "no-amx"
+
+
 def isa_key(cpuinfo: str | None = None) -> str:
-    """The cache key of this node's instruction sets: machine type and a short hash of :func:`cpu_features`."""
-    features = " ".join(cpu_features(cpuinfo))
+    """The cache key of this node's instruction sets and the build recipe: machine type and a short hash of
+    :func:`cpu_features` and :data:`RECIPE`."""
+    features = " ".join(cpu_features(cpuinfo)) + f" recipe={RECIPE}"
     return f"{platform.machine() or 'unknown'}-{hashlib.sha256(features.encode()).hexdigest()[:12]}"
 
 
@@ -212,6 +223,9 @@ def cmake_args(flavour: str) -> list[str]:
         "-DLLAMA_BUILD_WEBUI=OFF",
         "-DGGML_NATIVE=ON",
     ]
+    if platform.machine() in ("x86_64", "AMD64", "i686"):
+        # GCC keeps an explicit -mno-* over what -march=native implies, whatever their order on the command line.
+        args += [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
     if flavour.startswith("cuda"):
         arch = flavour.split("-", 1)[1] if "-" in flavour else "90"
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
