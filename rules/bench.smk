@@ -37,9 +37,9 @@ rule bench_config:
         attempts_left=get_attempts_left,
     params:
         run=get_bench_params,
-        position=block_position,
-        # every launch of the sweep, for the line each job prints as it starts (launches done, time left)
-        sweep=[f"{c}.b{b}" for b in BLOCKS for c in SERVER_CONFIGS],
+        # The launch's planned position in its block and the sweep's launches (for the line each job prints as it
+        # starts) are read from the config by the job, not passed here: a param that depends on the set of configs
+        # would re-run every launch when a config is added (tests/test_pipeline_e2e.py).
         benchmarks="results/benchmarks/bench_config",  # where the benchmark: files above are
     script:
         "../scripts/bench_config.py"

@@ -8,11 +8,10 @@ from snakemake.utils import validate
 
 from servesweep.chart_registry import CHARTS, FORMATS
 from servesweep.config import SCHEMA_RESOURCE, ConfigError, check_config
-from servesweep.decide import block_order
 from servesweep.correctness.job import coding_eval_configs
 from servesweep.engines import engine_names, get_engine
 from servesweep.envcheck import nvls_configs
-from servesweep.plan import bench_params
+from servesweep.plan import bench_params, sweep_orders
 
 # The library's check first (schema with key-naming messages, defaults, semantic checks), then Snakemake's own
 # validation against the package's schema. All of this happens while the DAG is built: before any server starts.
@@ -32,7 +31,7 @@ HOST = config.get("host", {}).get("name") or os.environ.setdefault(
 BASELINE = config["baseline"]
 # Blocks (docs/measurement.md, "Blocks"): every config is launched once per block, in the block's order.
 BLOCKS = list(range(config["design"]["blocks"]))
-BLOCK_ORDER = block_order(SERVER_CONFIGS, len(BLOCKS), config["design"]["order_seed"])
+BLOCK_ORDER = sweep_orders(config)
 # One id per invocation of snakemake, inherited by every job it starts (cluster jobs through sbatch --export=ALL):
 # two configs' launches of one block are paired in time only when they were measured in the same run. Not a param:
 # a new run must not re-measure what an earlier one measured.
@@ -87,11 +86,6 @@ def block_priority(wildcards):
     b = int(wildcards.block)
     position = BLOCK_ORDER[b].index(wildcards.cfg)
     return (len(BLOCKS) - b) * (len(SERVER_CONFIGS) + 1) - position
-
-
-def block_position(wildcards):
-    """Where a config stands in its block's planned order (0: launched first)."""
-    return BLOCK_ORDER[int(wildcards.block)].index(wildcards.cfg)
 
 
 def get_block_outputs(name):

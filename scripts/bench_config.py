@@ -11,11 +11,12 @@ if __name__ == "__main__":  # not when a spawned child process runs this file ag
 
     from servesweep.bench import JobInputs, run_launch
     from servesweep.correctness.job import CorrectnessOutputs
-    from servesweep.plan import BenchJob, Block, JobPaths
+    from servesweep.plan import BenchJob, Block, JobPaths, sweep_launches, sweep_orders
     from servesweep.progress import sweep_line
 
     cfg = snakemake.wildcards.cfg
-    block = Block(int(snakemake.wildcards.block), snakemake.params.position, os.environ.get("SERVESWEEP_RUN", ""))
+    index = int(snakemake.wildcards.block)
+    block = Block(index, sweep_orders(snakemake.config)[index].index(cfg), os.environ.get("SERVESWEEP_RUN", ""))
     job = BenchJob.from_params(cfg, snakemake.params.run, block)
     out = snakemake.output
     paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),
@@ -25,7 +26,7 @@ if __name__ == "__main__":  # not when a spawned child process runs this file ag
     inputs = JobInputs(json.load(open(snakemake.input.model)), json.load(open(snakemake.input.engine)),
                        host_warmup=json.load(open(warm[0])) if warm else None,
                        draft_manifest=json.load(open(draft[0])) if draft else None)
-    sweep_line(cfg, block.index, list(snakemake.params.sweep), Path(snakemake.params.benchmarks))
+    sweep_line(cfg, block.index, sweep_launches(snakemake.config), Path(snakemake.params.benchmarks))
     # Snakemake runs the job again while attempts are left; on its last, a failure is recorded as its outputs instead.
     run_launch(job, inputs, paths, CorrectnessOutputs(Path(out.coding_eval), Path(out.greedy)),
                last_attempt=snakemake.resources.attempts_left == 0)

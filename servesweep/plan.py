@@ -320,6 +320,22 @@ def profile_settings(params: dict | None, cfg: str) -> ProfileSettings:
     return ProfileSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()})
 
 
+def sweep_orders(config: dict) -> list[list[str]]:
+    """Each block's planned launch order for a checked config (``servesweep.decide.block_order`` over its server
+    configs, ``design.blocks`` and ``design.order_seed``): the one plan the rules schedule by and the bench job
+    records."""
+    from servesweep.decide import block_order
+
+    return block_order(sorted(config["server_configs"]), config["design"]["blocks"], config["design"]["order_seed"])
+
+
+def sweep_launches(config: dict) -> list[str]:
+    """Every launch of a checked config's sweep, ``<cfg>.b<block>``, blocks in turn: for the line each bench job
+    prints as it starts. Read from the config by the bench job itself, not passed as a rule param: a param that
+    lists every config would re-run every config's launches when one config is added."""
+    return [f"{c}.b{b}" for b in range(config["design"]["blocks"]) for c in sorted(config["server_configs"])]
+
+
 def bench_params(config: dict, cfg: str) -> dict:
     """The bench job's params for config ``cfg`` of a checked config: everything that defines its measurement, so
     editing it reruns that config only (``rules/common.smk``, ``get_bench_params``)."""

@@ -231,6 +231,27 @@ def test_editing_one_config_reruns_only_that_config(workdir):
     assert not rules & {"download_model", "prepare_engine", "check_env"}
 
 
+def test_adding_a_config_runs_only_its_launches(workdir):
+    """A config added to a measured sweep runs its own launches and the summaries: the launches already measured
+    stay (nothing a bench job's params hold depends on the set of configs: its planned position in the block and the
+    sweep's launch list are read from the config by the job). Planned against the config the sweep ran with (an
+    earlier test here edits one config without running it)."""
+    path = workdir / "tiny.yaml"
+    before_text = path.read_text()
+    config = tiny_config()
+    path.write_text(yaml.safe_dump(config))
+    try:
+        assert not [j for j in planned_jobs(snakemake(workdir, "-n", "report").stdout) if j[0] == "bench_config"]
+        config["server_configs"]["ar-again"] = {"replicate_of": "ar"}
+        path.write_text(yaml.safe_dump(config))
+        jobs = planned_jobs(snakemake(workdir, "-n", "report").stdout)
+    finally:
+        path.write_text(before_text)
+    assert sorted(j for j in jobs if j[0] == "bench_config") == [("bench_config", f"cfg=ar-again, block={b}")
+                                                                 for b in range(3)]
+    assert {"collect_config", "aggregate_tables", "write_findings"} <= {r for r, _ in jobs}
+
+
 @pytest.mark.parametrize("sweep, configs", [("config/kimi-k26-8gpu.yaml", 10), ("config/2xh200-moe.yaml", 4),
                                             ("config/h200-sglang.yaml", 3), ("config/8xh200-kimi-shape.yaml", 7),
                                             ("config/h200-sglang-gemma.yaml", 2)])
