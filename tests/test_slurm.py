@@ -249,8 +249,9 @@ def test_failed_config_is_resubmitted_and_report_completes(slurm_cluster, tmp_pa
     sweep.write_text(yaml.safe_dump(_tiny_config(binary, marker_env, marker)))
 
     cmd = [sys.executable, "-m", "snakemake", "--workflow-profile", "profiles/slurm", f"--configfile={sweep}",
-           # Poll soon after submitting: the jobs here take seconds, not hours.
-           "--slurm-init-seconds-before-status-checks", "5", "report"]
+           # Poll soon after submitting: the jobs here take seconds, not hours. The plugin adds 10 s to the interval
+           # after each check that finds no job finished, so the first check comes after 1 s (its smallest setting).
+           "--slurm-init-seconds-before-status-checks", "1", "report"]
     run = subprocess.run(cmd, cwd=repo, env=slurm_cluster, capture_output=True, text=True, timeout=900)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-6000:]

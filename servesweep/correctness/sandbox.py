@@ -232,15 +232,17 @@ def _tail(path: Path) -> str:
 
 
 def sandbox_processes() -> list[int]:
-    """PIDs on this host that run as this process's sandbox uid."""
+    """PIDs on this host that run as this process's sandbox uid. A zombie (exited, waiting for its parent to reap
+    it) runs nothing and is not counted: the sandbox's processes are reparented to the host's PID 1 when its PID
+    namespace goes, and some init processes reap only every few seconds."""
     uid = sandbox_uid()
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid == uid:
+                if entry.stat().st_uid == uid and (entry / "stat").read_text().rpartition(")")[2].split()[0] != "Z":
                     pids.append(int(entry.name))
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError, IndexError):
                 continue
     return pids
 
