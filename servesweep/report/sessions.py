@@ -51,7 +51,8 @@ def sessions_section(cells: pd.DataFrame, repeats: pd.DataFrame | None, baseline
              "before. Per cell: the context each turn carried (mean prompt tokens, as the server counted them), its "
              "median TTFT (mean over launches ± the 95 % t half-width over launches), and the share of prompt tokens "
              "the server's prefix cache served (its counters over the window) against the share the workload meant "
-             "it to serve. TTFT ratios are paired per block where both launches ran in one run of the pipeline (else unpaired, as each line says); they are intervals, not verdicts of the sweep's rule, "
+             "it to serve. TTFT ratios are paired per block where both launches ran in one run of the pipeline "
+             "(else unpaired, as each line says); they are intervals, not verdicts of the sweep's rule, "
              "which decides throughput and per-user speed.", ""]
     cache = (repeats.dropna(subset=["prefix_cache"]).groupby(["config", *KEYS])["prefix_cache"].first()
              if "prefix_cache" in repeats else None)
