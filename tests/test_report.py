@@ -446,3 +446,24 @@ def test_every_cell_client_bound_names_no_pick_and_says_why():
     assert choice["best"] is None and [r["config"] for r in choice["client_bound_above"]] == ["a"]
     text = "\n".join(screen(cells, reps, [INTERACTIVE], {}))
     assert "no server-bound cell was measured" in text and "above nothing measured server-bound" in text
+
+
+def test_resolution_prints_an_unusable_minimum_detectable_effect_as_beyond_its_cap():
+    """Two or three launches with a wide spread give MDEs of ±760,877.9 % (a CPU sweep's): printed as beyond ±1,000 %,
+    with what that means; an ordinary one is printed as it is, with its worst cell."""
+    def table(per_user, throughput):
+        rows = []
+        for c, mdes, col in ((1, per_user, "per_request_mde"), (2, throughput, "mde")):
+            for m in mdes:
+                rows.append({"load": "concurrency", "concurrency": c, "family": "sweep", col: m})
+        return pd.DataFrame(rows)
+
+    design = {"blocks": 3, "rounds_per_launch": [1], "comparisons": 4, "designs": {"paired blocks": 4},
+              "rule": {"alpha": 0.05, "power": 0.8, "margin": 0.05}}
+    wide = rd.resolution(table([7608.779, 50148053.8], [3.709, 3.709, 303.4]), design)[0]
+    assert "beyond ±1,000 % per user at C=1;" in wide and "±760877" not in wide
+    assert "±370.9 % throughput at C=2 (up to beyond ±1,000 %)." in wide
+    assert "even a 11× ratio there could have gone unseen" in wide
+    usual = rd.resolution(table([0.255, 0.255, 0.30], [0.663, 0.663]), design)[0]
+    assert "±25.5 % per user at C=1 (up to ±30.0 %); ±66.3 % throughput at C=2." in usual
+    assert "beyond" not in usual

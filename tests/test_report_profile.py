@@ -109,3 +109,16 @@ def test_the_charts_section_shows_the_server_state_chart_where_the_runs_sampled(
     assert "](state/server_state.png)" in shown and "No cell sampled the server's state" not in shown
     absent = "\n".join(charts_section(cells, None, None))
     assert "No cell sampled the server's state" in absent and "server_state.png" not in absent
+
+
+def test_a_reason_shared_by_many_cells_is_said_once():
+    """A CPU sweep's 12 cells without a profiler: one line naming them, not twelve (a real CPU sweep's report)."""
+    why = "not profiled: llama-server has no profiler endpoint"
+    cells = pd.DataFrame([{"config": cfg, "workload": wl, "ctx": 0, "concurrency": c, "load": "concurrency",
+                           "profile_status": why}
+                          for cfg in ("ar", "draft", "ngram") for wl in ("humaneval", "sharegpt") for c in (1, 2)])
+    text = "\n".join(rp.profile_section(cells))
+    assert f"- 12 cells of `ar`, `draft`, `ngram`: {why}." in text
+    assert text.count(why) == 1
+    few = "\n".join(rp.profile_section(cells.iloc[:2]))
+    assert few.count(why) == 2 and "`ar` humaneval C=1" in few

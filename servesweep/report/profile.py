@@ -84,6 +84,9 @@ def agreement(trace: str, counters: str | None) -> str:
             "after the measured ones, the counters the measured windows themselves)")
 
 
+SAID_ONCE_FROM = 3  # more cells than this with the same reason for no profile: one line for all of them
+
+
 def profile_section(cells: pd.DataFrame) -> list[str]:
     """Per profiled cell: the GPU time by category, the trace's verdict set against the counters', CUDA graphs from
     the trace's launches, the profile's cost; cells whose engine has no profiler say so."""
@@ -92,12 +95,21 @@ def profile_section(cells: pd.DataFrame) -> list[str]:
     lines = ["## Where the GPU time went (profiled cells)", "",
              "A short window after each profiled cell's measured ones, recorded by the engine's own profiler "
              "(docs/profiling.md); none of its requests enter the tables.", ""]
-    rows = cells[cells["profile_status"].notna()]
-    for r in rows.sort_values(["config", "concurrency"]).to_dict("records"):
+    rows = cells[cells["profile_status"].notna()].sort_values(["config", "concurrency"])
+    # A reason shared by many cells (an engine without a profiler: every cell of its configs) is said once.
+    unprofiled = rows[~rows["profile_status"].astype(str).str.startswith("ok")]
+    shared = {status for status, n in unprofiled["profile_status"].astype(str).value_counts().items()
+              if n > SAID_ONCE_FROM}
+    for status in sorted(shared):
+        those = unprofiled[unprofiled["profile_status"].astype(str) == status]
+        configs = ", ".join(f"`{c}`" for c in dict.fromkeys(those["config"]))
+        lines.append(f"- {len(those)} cells of {configs}: {status}.")
+    for r in rows.to_dict("records"):
         where = f"`{r['config']}` {cell_label(r)}"
         status = str(r["profile_status"])
         if not status.startswith("ok"):
-            lines.append(f"- {where}: {status}.")
+            if status not in shared:
+                lines.append(f"- {where}: {status}.")
             continue
         verdict, basis = trace_verdict(r)
         cost = _num(r, "profile_cost_s")
