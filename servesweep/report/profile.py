@@ -97,11 +97,11 @@ def profile_section(cells: pd.DataFrame) -> list[str]:
              "(docs/profiling.md); none of its requests enter the tables.", ""]
     rows = cells[cells["profile_status"].notna()].sort_values(["config", "concurrency"])
     # A reason shared by many cells (an engine without a profiler: every cell of its configs) is said once.
-    unprofiled = rows[~rows["profile_status"].astype(str).str.startswith("ok")]
-    shared = {status for status, n in unprofiled["profile_status"].astype(str).value_counts().items()
-              if n > SAID_ONCE_FROM}
+    statuses = rows["profile_status"].astype(str)
+    unprofiled = statuses[~statuses.str.startswith("ok")]
+    shared = {status for status, n in unprofiled.value_counts().items() if n > SAID_ONCE_FROM}
     for status in sorted(shared):
-        those = unprofiled[unprofiled["profile_status"].astype(str) == status]
+        those = rows[statuses == status]
         configs = ", ".join(f"`{c}`" for c in dict.fromkeys(those["config"]))
         lines.append(f"- {len(those)} cells of {configs}: {status}.")
     for r in rows.to_dict("records"):
