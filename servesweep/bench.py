@@ -227,15 +227,17 @@ def _cell_line(row: CellRow) -> str:
 
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
                      writer: CellWriter, slos: list[SLO] | tuple = (), block: Block = Block(),
-                     series: SeriesSettings | None = None, profile: ProfileSettings | None = None,
-                     profiled: tuple[int, ...] = (), trace_dir: Path | None = None) -> dict:
+                     series: SeriesSettings | None = None, profiled: tuple[int, ...] = (),
+                     profile_queue: list | None = None) -> dict:
     """Run every cell of the matrix ``matrix.repeats`` times against a ready server; returns the workloads' facts.
 
     Closed-loop cells (one per concurrency) come first, then open-loop cells (one per request rate). Repeats run in
     rounds (every cell once, then every cell again) so that a slow drift of the host spreads over all cells instead
     of biasing the last ones; each repeat of a cell sends the same prompts under its own tag, and a rate cell's
-    repeats follow the same arrival schedule. A profiled cell (C in ``profiled``, block 0 only) gets its profile window
-    after its last repeat (:func:`servesweep.profiled.profile_window`), its traces under ``writer.dir/profiles/``.
+    repeats follow the same arrival schedule. A profiled cell (C in ``profiled``, block 0 only) is put on
+    ``profile_queue`` as ``(cell name, its load)`` after its last repeat: :func:`run_profiles` runs the profile windows
+    after everything else the launch measures, so that no measured cell follows a profiler's run, and a server that
+    a profile window brings down has lost nothing measured.
     """
     base = server.base_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -274,14 +276,42 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                     # prompts under a tag of their own: none of them is in the prefix cache from a measured round
                     fresh = get_workload(workload).for_cell(sources[(workload, ctx)],
                                                             matrix.repeats * len(cells) + k + 1, k)
-                    columns = await profile_window(engine, sc, session, replace(row.spec, prompt_source=fresh),
-                                                   profile, writer.dir / "profiles" / name, trace_dir or writer.dir)
-                    writer.add_profile(name, columns)
-                    log.info("[%s] %s profiled: %s (%.1f s)", sc.name, name, columns.get("profile_status"),
-                             columns.get("profile_cost_s", 0.0))
+                    if profile_queue is not None:
+                        profile_queue.append((name, replace(row.spec, prompt_source=fresh)))
                 progress.done(key, row.columns.get("agg_output_tok_s", math.nan), row.columns["errors"])
         await writer.keep_metrics(session, base, engine.metrics_path, "metrics-end.prom")
     return described
+
+
+async def run_profiles(server: ServerProcess, engine, sc: ServerConfig, queue: list, profile: ProfileSettings,
+                       writer: CellWriter, trace_dir: Path) -> list[str]:
+    """The profile windows of the cells on ``queue`` (:func:`run_matrix`), one after another, once the launch has
+    measured everything else; each cell gets its ``profile_*`` columns. A window that fails, or a server that exits
+    during one, costs that cell's profile (and the later cells': they say why) but no measured cell. Returns the
+    launch's warnings (a server that exited here)."""
+    warnings: list[str] = []
+    if not queue:
+        return warnings
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for name, spec in queue:
+            if not server.alive():
+                columns = {"profile_status": "not profiled: the server had exited during an earlier profile window"}
+            else:
+                try:
+                    columns = await profile_window(engine, sc, session, spec, profile, writer.dir / "profiles" / name,
+                                                   trace_dir)
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    columns = {"profile_status": f"failed: {type(exc).__name__}: {exc}"}
+                if not server.alive():
+                    code = server.proc.poll()
+                    columns["profile_status"] += f"; the server exited during this profile window (exit code {code})"
+                    warnings.append(f"the server exited during the profile window of {name} (exit code {code}), "
+                                    "after every measured cell and check had finished: nothing measured was lost; "
+                                    "its last log lines are in server.log")
+            writer.add_profile(name, columns)
+            log.info("[%s] %s profiled: %s (%.1f s)", sc.name, name, columns.get("profile_status"),
+                     columns.get("profile_cost_s", 0.0))
+    return warnings
 
 
 async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
@@ -475,9 +505,9 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
                 engine.parse_log(server.log_path.read_text(errors="replace")))
             meta["first_cell_at"] = now()
             stage = "measurement"
+            profile_queue: list = []
             meta["workloads"] = asyncio.run(run_matrix(server, engine, sc, job.matrix, telemetry, writer,
-                                                       job.slos, job.block, job.series,
-                                                       job.profile, profiled, trace_dir))
+                                                       job.slos, job.block, job.series, profiled, profile_queue))
             if job.capacity is not None and job.block.index == 0:  # searched once per config, in block 0
                 meta["capacity"] = {"settings": asdict(job.capacity), "gpu_count": len(gpus),
                                     "searches": asyncio.run(run_capacity(server, engine, sc, job.matrix, telemetry,
@@ -486,6 +516,10 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
                 stage = "correctness"
                 meta["correctness"] = run_correctness(server, engine, sc, job.correctness,
                                                       correctness_outputs)
+            if profile_queue:  # last: a profiler's run precedes nothing measured
+                stage = "profiles"
+                meta["warnings"] += asyncio.run(run_profiles(server, engine, sc, profile_queue, job.profile, writer,
+                                                             trace_dir))
         meta["status"] = "ok"
     except BaseException as exc:  # also KeyboardInterrupt from SIGTERM: record, tear down, re-raise
         error = exc

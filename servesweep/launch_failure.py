@@ -20,6 +20,7 @@ STAGES = {
     "readiness": "before its server was ready",
     "measurement": "while measuring its matrix",
     "correctness": "in its correctness checks, after its whole matrix was measured",
+    "profiles": "in its profile windows, after its matrix and checks were measured",
 }
 # Lines of the traceback a failure record keeps (the whole traceback is in the job's log).
 TRACEBACK_LINES = 12

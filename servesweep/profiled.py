@@ -1,11 +1,15 @@
-"""Profiled cells: a short window after a cell's measured windows, with the engine's own profiler on.
+"""Profiled cells: a short window per profiled cell, after the launch's measured windows, with the engine's own
+profiler on.
 
 Which cells (the ``profile:`` section, :func:`profiled_concurrencies`): by default the lowest and highest
-concurrency of the baseline and of every speculative config. The profile window runs after the cell's last repeat,
-never inside a measured window: the same load (the cell's prompts, its concurrency, one client process) warms up
-until every stream has finished a request, then the engine's profiler records (``Engine.profile``: a number of
-forward steps, or a number of seconds, as the engine's profiler counts), and the load stops. Its requests are not
-kept: they were measured under the profiler's overhead.
+concurrency of the baseline and of every speculative config. The profile windows run after everything else the
+launch measures (its matrix, capacity search and correctness checks), so that no measured window follows a
+profiler's run: on an H200 the SGLang 0.5.17 server of a draft-model or NGRAM config received a SIGTERM within a
+second of the next request after a profile window in 4 launches (every draft-model and NGRAM launch of one run's
+block 0, and one the day before; docs/gpu.md), from a sender not identified, and every cell after it was lost. Each profiled cell's window has the cell's load (its prompts, its
+concurrency, one client process): it warms up until every stream has finished a request, then the engine's profiler
+records (``Engine.profile``: a number of forward steps, or a number of seconds, as the engine's profiler counts), and
+the load stops. Its requests are not kept: they were measured under the profiler's overhead.
 
 The traces are kept with the run, compressed (``profiles/<cell>/*.trace.json.gz``); the cell gets what the run cost
 (``profile_cost_s``: the profile window's wall time, warm-up and drain included; ``profile_capture_s``: the
@@ -13,6 +17,7 @@ profiler's own call) and the trace's breakdown (:mod:`servesweep.profiling`, ``p
 """
 from __future__ import annotations
 
+import asyncio
 import gzip
 import logging
 import math
@@ -104,8 +109,11 @@ async def profile_window(engine, sc, session: aiohttp.ClientSession, spec: LoadS
         await profiling.wait_for_traces(out_dir, started + settings.max_s)
     out = {"profile_cost_s": now() - started, "profile_capture_s": result.get("capture_s", math.nan)}
     problem = result.get("outcome")
-    out["profile_trace_bytes"] = compress_traces(out_dir)
-    parsed = profiling.folder_breakdown(out_dir, settings.num_steps if engine.profiler_counts_steps else None)
+    # off the event loop: a draft model's trace takes seconds to read, and the client's connections and the
+    # /metrics sampler would sit idle that long
+    out["profile_trace_bytes"] = await asyncio.to_thread(compress_traces, out_dir)
+    parsed = await asyncio.to_thread(profiling.folder_breakdown, out_dir,
+                                     settings.num_steps if engine.profiler_counts_steps else None)
     if parsed is None:
         out["profile_status"] = f"no trace: {problem or 'the profiler wrote none under ' + str(out_dir)}"
         return out

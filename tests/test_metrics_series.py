@@ -149,6 +149,32 @@ def test_a_profiler_that_does_not_stop_by_itself_is_stopped_and_its_trace_kept(t
     assert len(kept) == 1
 
 
+def test_the_profile_windows_follow_every_measured_cell_and_a_server_they_bring_down_costs_no_measurement(
+        tmp_path, monkeypatch):
+    """Both cells profiled (C = 1 and 3) on a server that exits at its first request after writing a trace (as the
+    H200's SGLang servers with a draft model ended after a profile window). The windows run after the whole matrix,
+    so both cells are measured without an error and the launch is kept; the C = 1 window keeps its trace and says
+    the server exited, the C = 3 cell says why it has no profile, and the launch warns of it. Profiling between cells (as before) lost the C = 3 cell and
+    failed the launch."""
+    trace = FIXTURES / "synthetic-graphs.trace.json"
+    truth = {"speeds": {"t": 40.0}, "launch_cv": 0, "token_cv": 0, "profile_trace": str(trace), "profile_s": 0.1,
+             "exit_after_profile": True}
+    matrix = {"context_lengths": [16], "concurrencies": [1, 3], "output_tokens": 8,
+              "warmup": {"seconds": 0, "requests_per_concurrency": 1},
+              "measure": {"seconds": 1.0, "requests_per_concurrency": 2, "min_requests": 4}, "repeats": 1}
+    meta, cells, paths = _run(tmp_path, monkeypatch, ProfiledLlama(), truth, matrix=matrix)
+    assert meta["status"] == "ok", meta.get("error")
+    assert sorted(cells["concurrency"]) == [1, 3] and (cells["errors"] == 0).all()
+    by_c = cells.set_index("concurrency")
+    # the C = 1 window's trace is written mid-window, and its next request ends the server: the trace is kept
+    assert by_c.loc[1, "profile_status"] == "ok; the server exited during this profile window (exit code 3)"
+    assert by_c.loc[1, "profile_kernels"] > 0
+    assert by_c.loc[3, "profile_status"] == "not profiled: the server had exited during an earlier profile window"
+    assert [w for w in meta["warnings"] if "profile window" in w] == [
+        "the server exited during the profile window of synthetic_ctx16_c1 (exit code 3), after every measured cell "
+        "and check had finished: nothing measured was lost; its last log lines are in server.log"]
+
+
 def test_truth_server_queue_grows_above_capacity_and_no_profiler_is_said(tmp_path, monkeypatch):
     """25 requests/s offered to a server that finishes 5 per second: the queue grows by 20 a second through the
     window (flagged); llama.cpp has no profiler, so its profiled cell says so and costs no window."""

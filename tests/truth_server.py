@@ -13,7 +13,8 @@ answer, or for ``"stream": true`` one token per server-sent event, a usage event
 SGLang's ``POST /start_profile`` (``output_dir``, ``num_steps``) as SGLang 0.5.17 does: it answers at once, and after
 ``num_steps`` streamed tokens (``profile_never_stops``: never) writes that Chrome trace file into ``output_dir`` as
 ``<time>-TP-0.trace.json``, ``profile_s`` (default 0.2) later; ``POST /stop_profile`` writes it (``profile_s`` later) and answers (404 without
-``profile_trace``: a llama-server has no profiler).
+``profile_trace``: a llama-server has no profiler). With ``exit_after_profile`` it exits, answering nothing, at the
+first request after it wrote a trace (as an SGLang 0.5.17 server with a draft model was seen to end on an H200).
 
 **The truth** comes from the JSON in ``$TRUTH_SERVER_SPEC``, or from the JSON file named by ``$TRUTH_SERVER_FILE``
 (neither: the defaults below). Keys (all optional):
@@ -215,6 +216,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json({"error": {"message": "not found"}}, 404)
 
     def do_POST(self):
+        self._exit_if_profiled()
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         path = self.path.split("?")[0]
         if path == "/tokenize":
@@ -241,6 +243,12 @@ class Handler(BaseHTTPRequestHandler):
             self._json({"success": True, "message": "Stop profiling."})
         else:
             self._json({"error": {"message": "not found"}}, 404)
+
+    def _exit_if_profiled(self) -> None:
+        if STATE.truth.get("exit_after_profile") and STATE.profiles:
+            print("truth: exiting at the first request after a profile (exit_after_profile)", file=sys.stderr,
+                  flush=True)
+            os._exit(3)
 
     def _complete(self, body: dict, chat: bool = False) -> None:
         prompt = body.get("prompt") or []
