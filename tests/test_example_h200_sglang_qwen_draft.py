@@ -36,12 +36,14 @@ def metas():
     return {cfg: json.loads((RUNS / cfg / "meta.json").read_text()) for cfg in CONFIGS}
 
 
-def test_the_config_is_the_committed_one_less_two_configs():
+def test_the_config_is_the_committed_one_less_two_configs_and_profiles():
     config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     full = yaml.safe_load((ROOT / "config" / "h200-sglang-qwen-draft.yaml").read_text())
     assert set(full["server_configs"]) - set(config["server_configs"]) == {"draft-k8", "ngram"}
+    # The recorded run took the default profile windows; the committed config has since turned them off.
+    assert "profile" not in config and full["profile"] == {"enabled": False}
     for key in full:
-        if key != "server_configs":
+        if key not in ("server_configs", "profile"):
             assert config[key] == full[key], key
     for name in CONFIGS:
         assert config["server_configs"][name] == full["server_configs"][name]
