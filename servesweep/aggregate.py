@@ -327,6 +327,17 @@ FAILED_SPECULATION = "failed measurement: speculation never ran"
 METRICS = {"agg_output_tok_s": "speedup", "per_request_tok_s": "per_request_speedup"}
 
 
+def launches_measured(repeats: pd.DataFrame) -> dict[str, int]:
+    """Per config, how many launches (block, run) measured at least one round."""
+    if repeats.empty or "config" not in repeats:
+        return {}
+    keys = [c for c in ("block", "block_run") if c in repeats]
+    if not keys:
+        return {str(c): 1 for c in repeats["config"].unique()}
+    frame = repeats[["config", *keys]].astype({k: str for k in keys})
+    return {str(c): int(len(g.drop_duplicates())) for c, g in frame.groupby("config")}
+
+
 def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repeats: pd.DataFrame) -> dict:
     """The sweep's design and resolution, for noise.json and the report: blocks, rounds, how the comparisons were
     made, how many there were, and the minimum detectable effect per load level."""
@@ -346,7 +357,8 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
                 resolution.append({"load": load, "level": level, "metric": metric, "comparisons": len(mdes),
                                    "mde_median": float(pd.Series(mdes).median()), "mde_max": float(max(mdes))})
     designs = pd.Series([r["design"] for r in decided]).value_counts().to_dict() if decided else {}
-    return {"blocks": len(blocks), "rounds_per_launch": rounds, "designs": designs, "undecided": len(undecided),
+    return {"blocks": len(blocks), "launches": launches_measured(repeats), "rounds_per_launch": rounds,
+            "designs": designs, "undecided": len(undecided),
             "rule": {"alpha": rule.alpha, "margin": rule.margin, "min_effect": rule.min_effect, "power": rule.power,
                      "error_control": "Benjamini–Hochberg false-discovery rate over the sweep's comparisons"},
             "comparisons": len(decided), "resolution": resolution}

@@ -125,3 +125,45 @@ def test_collect_keeps_each_launchs_state_series_and_block_0s_profiles(tmp_path)
     assert list(series["block"]) == [0, 1] and list(series["value"]) == [0, 1]
     assert (out_dir / "profiles" / "b0" / "synthetic_ctx32_c1" / "x-TP-0.trace.json.gz").read_bytes() == b"gz"
     assert not (out_dir / "profiles" / "b1").exists()
+
+
+def test_a_config_missing_from_a_block_is_named_not_blamed_on_runs():
+    """A host that goes before a sweep's last launch leaves one config with one launch of two blocks: the Resolution
+    line says how many launches each config measured, and the Flags line names that config and what to run, instead
+    of the split-run explanation (the launches it has were all in one run)."""
+    import pandas as pd
+
+    from servesweep import decide
+    from servesweep.aggregate import design_table, launches_measured, speedup_table
+    from servesweep.report.decisions import flags, resolution
+
+    rows = [{**_round(b, 0, v), "config": c, "block_run": "r1", "block_position": i}
+            for b, launches in enumerate([[("ar", 100.0), ("draft", 60.0)], [("ar", 98.0)]])
+            for i, (c, v) in enumerate(launches)]
+    for r in rows:
+        r["per_request_decode_tok_s"] = r["agg_output_tok_s"]
+    repeats = pd.DataFrame(rows)
+    cells = pd.DataFrame([c for cfg in ("ar", "draft") for c in cells_over_blocks([r for r in rows
+                                                                                     if r["config"] == cfg])])
+    assert launches_measured(repeats) == {"ar": 2, "draft": 1}
+    metas = [{"config": "ar", "blocks": [{"block": 0}, {"block": 1}]}, {"config": "draft", "blocks": [{"block": 0}]}]
+    speedup = speedup_table(cells, repeats, "ar", metas=metas)
+    assert list(speedup["design"]) == [decide.UNPAIRED] and speedup["speedup_lo"].isna().all()
+    design = design_table(speedup, metas, repeats, decide.Rule(), cells)
+    text = " ".join(resolution(speedup, design) + flags(design, speedup))
+    assert "2 blocks, but not every config was measured in each: `ar` 2 launches, `draft` 1 launch" in text
+    assert "every config launched 2 times" not in text
+    assert "`draft` measured only one launch of the 2 blocks" in text
+    assert "different runs of the pipeline" not in text
+    # with both launches of both configs, the usual line: every config launched twice, nothing flagged
+    rows.append({**_round(1, 0, 58.0), "config": "draft", "block_run": "r1", "block_position": 1,
+                 "per_request_decode_tok_s": 58.0})
+    repeats = pd.DataFrame(rows)
+    cells = pd.DataFrame([c for cfg in ("ar", "draft") for c in cells_over_blocks([r for r in rows
+                                                                                     if r["config"] == cfg])])
+    metas[1]["blocks"].append({"block": 1})
+    speedup = speedup_table(cells, repeats, "ar", metas=metas)
+    design = design_table(speedup, metas, repeats, decide.Rule(), cells)
+    assert list(speedup["design"]) == [decide.PAIRED]
+    assert "2 blocks (every config launched 2 times" in " ".join(resolution(speedup, design))
+    assert not flags(design, speedup)
