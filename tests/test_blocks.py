@@ -127,6 +127,13 @@ def test_collect_keeps_each_launchs_state_series_and_block_0s_profiles(tmp_path)
     assert not (out_dir / "profiles" / "b1").exists()
 
 
+def _tables(rows):
+    """repeats and cells of several configs' rounds (cells_over_blocks takes one config's)."""
+    configs = sorted({r["config"] for r in rows})
+    cells = [c for cfg in configs for c in cells_over_blocks([r for r in rows if r["config"] == cfg])]
+    return pd.DataFrame(rows), pd.DataFrame(cells)
+
+
 def test_a_config_missing_from_a_block_is_named_not_blamed_on_runs():
     """A host that goes before a sweep's last launch leaves one config with one launch of two blocks: the Resolution
     line says how many launches each config measured, and the Flags line names that config and what to run, instead
@@ -142,9 +149,7 @@ def test_a_config_missing_from_a_block_is_named_not_blamed_on_runs():
             for i, (c, v) in enumerate(launches)]
     for r in rows:
         r["per_request_decode_tok_s"] = r["agg_output_tok_s"]
-    repeats = pd.DataFrame(rows)
-    cells = pd.DataFrame([c for cfg in ("ar", "draft") for c in cells_over_blocks([r for r in rows
-                                                                                     if r["config"] == cfg])])
+    repeats, cells = _tables(rows)
     assert launches_measured(repeats) == {"ar": 2, "draft": 1}
     metas = [{"config": "ar", "blocks": [{"block": 0}, {"block": 1}]}, {"config": "draft", "blocks": [{"block": 0}]}]
     speedup = speedup_table(cells, repeats, "ar", metas=metas)
@@ -158,9 +163,7 @@ def test_a_config_missing_from_a_block_is_named_not_blamed_on_runs():
     # with both launches of both configs, the usual line: every config launched twice, nothing flagged
     rows.append({**_round(1, 0, 58.0), "config": "draft", "block_run": "r1", "block_position": 1,
                  "per_request_decode_tok_s": 58.0})
-    repeats = pd.DataFrame(rows)
-    cells = pd.DataFrame([c for cfg in ("ar", "draft") for c in cells_over_blocks([r for r in rows
-                                                                                     if r["config"] == cfg])])
+    repeats, cells = _tables(rows)
     metas[1]["blocks"].append({"block": 1})
     speedup = speedup_table(cells, repeats, "ar", metas=metas)
     design = design_table(speedup, metas, repeats, decide.Rule(), cells)

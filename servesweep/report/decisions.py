@@ -131,13 +131,15 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
                 unusable = unusable or mdes.median() > MDE_SHOWN_MAX
     made = ", ".join(f"{n} {d}" for d, n in sorted(designs.items())) or "none decided"
     measured = design.get("launches") or {}
-    short = {c: n for c, n in sorted(measured.items()) if n < blocks}
-    launches = (f"{blocks} block{'s' if blocks != 1 else ''} (every config launched {blocks} "
-                f"time{'s' if blocks != 1 else ''}, in a fresh random order each block)" if blocks and not short else
-                f"{blocks} blocks, but not every config was measured in each: "
-                + ", ".join(f"`{c}` {n} launch{'es' if n != 1 else ''}" for c, n in sorted(measured.items()))
-                + " (a block a config is missing from gives its comparisons no pair there)" if blocks else
-                "one launch per config, one config after another (recorded before the sweep was measured in blocks)")
+    if not blocks:
+        launches = "one launch per config, one config after another (recorded before the sweep was measured in blocks)"
+    elif any(n < blocks for n in measured.values()):
+        launches = (f"{blocks} blocks, but not every config was measured in each: "
+                    + ", ".join(f"`{c}` {n} launch{'es' if n != 1 else ''}" for c, n in sorted(measured.items()))
+                    + " (a block a config is missing from gives its comparisons no pair there)")
+    else:
+        launches = (f"{blocks} block{'s' if blocks != 1 else ''} (every config launched {blocks} "
+                    f"time{'s' if blocks != 1 else ''}, in a fresh random order each block)")
     text = (f"**Resolution** — {launches}, {'/'.join(map(str, rounds)) or '?'} round(s) of the matrix per launch; "
             f"{design.get('comparisons', 0)} comparisons against the baseline ({made}), false-discovery rate "
             f"{100 * rule.get('alpha', 0.05):.0f} % over them (Benjamini–Hochberg), equivalence margin "
@@ -194,16 +196,18 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
     weak = sweep[sweep["design"].isin([decide.UNPAIRED, decide.ONE_LAUNCH])] if "design" in sweep else sweep.iloc[0:0]
     if len(weak):
         kinds = sorted(set(weak["design"]))
+        # configs with one launch in a sweep of two or more blocks: a launch is missing, not split across runs
         measured = design.get("launches") or {}
         single = sorted(c for c in set(weak["config"]) if measured.get(c, 2) < 2 <= design.get("blocks", 0))
+        one = len(single) == 1
         if decide.ONE_LAUNCH in kinds:
             why = ("their configs ran one launch each, so launch-to-launch variation is not in their intervals. "
                    "Measure the sweep in blocks to decide them")
         elif single:
-            why = (f"{', '.join(f'`{c}`' for c in single)} measured only {'one launch' if len(single) == 1 else 'one launch each'} "
-                   f"of the {design['blocks']} blocks, so {'its' if len(single) == 1 else 'their'} comparisons have "
-                   "one launch on one side and no interval. Measure the missing launches (the same `snakemake` "
-                   "command runs only what is missing) to decide them")
+            why = (f"{', '.join(f'`{c}`' for c in single)} measured only one launch{'' if one else ' each'} of the "
+                   f"{design['blocks']} blocks, so {'its' if one else 'their'} comparisons have one launch on one "
+                   "side and no interval. Measure the missing launches (the same `snakemake` command runs only what "
+                   "is missing) to decide them")
         else:
             why = ("their configs were measured in different runs of the pipeline (an edited or retried config), "
                    "so drift between the runs is not cancelled. Run the baseline's blocks again beside them to pair "
