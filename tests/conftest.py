@@ -18,6 +18,25 @@ def default_config() -> dict:
     return copy.deepcopy(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
 
 
+def example_readme(example: Path) -> str:
+    """A recorded example's README with its whitespace collapsed, for phrase checks across line breaks."""
+    return " ".join((example / "README.md").read_text().split())
+
+
+def example_repeats(example: Path, configs) -> "pd.DataFrame":
+    """The repeats tables of ``configs`` in a recorded example's ``runs/``, as one table."""
+    import pandas as pd
+
+    return pd.concat([pd.read_csv(example / "runs" / cfg / "repeats.csv") for cfg in configs], ignore_index=True)
+
+
+def example_metas(example: Path, configs) -> dict:
+    """Each config's ``meta.json`` in a recorded example's ``runs/``."""
+    import json
+
+    return {cfg: json.loads((example / "runs" / cfg / "meta.json").read_text()) for cfg in configs}
+
+
 def rebuilt_example(example: Path, out: Path):
     """A recorded example's report rebuilt under ``out``: (FINDINGS text, cells table, correctness table)."""
     import pandas as pd

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import rebuilt_example
+from conftest import example_metas, example_readme, example_repeats, rebuilt_example
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-sglang-qwen-draft"
@@ -18,7 +18,7 @@ FIRST_RUN, LAST_RUN = "20261202T183940-2763", "20261202T184609-4203"
 
 
 def readme() -> str:
-    return " ".join((EXAMPLE / "README.md").read_text().split())
+    return example_readme(EXAMPLE)
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +28,12 @@ def report(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repeats():
-    return pd.concat([pd.read_csv(RUNS / cfg / "repeats.csv") for cfg in CONFIGS], ignore_index=True)
+    return example_repeats(EXAMPLE, CONFIGS)
 
 
 @pytest.fixture(scope="module")
 def metas():
-    return {cfg: json.loads((RUNS / cfg / "meta.json").read_text()) for cfg in CONFIGS}
+    return example_metas(EXAMPLE, CONFIGS)
 
 
 def test_the_config_is_the_committed_one_less_two_configs_and_profiles():
