@@ -12,7 +12,6 @@ from conftest import example_metas, example_readme, example_repeats, rebuilt_exa
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-sglang-qwen-draft"
-RUNS = EXAMPLE / "runs"
 CONFIGS = ("ar", "draft-k4")
 FIRST_RUN, LAST_RUN = "20261202T183940-2763", "20261202T184609-4203"
 
