@@ -151,3 +151,12 @@ def test_each_engine_reads_its_draft_length_from_its_own_options():
     assert get_engine("vllm").draft_length({"speculative_config": {"method": "ngram"}}) is None  # its default
     ngram4 = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}
     assert get_engine("vllm").draft_length(ngram4) == 4
+
+
+def test_a_speculative_baseline_is_not_set_beside_itself():
+    # a sweep whose only config is speculative has itself as its baseline: no step time against a "plain" decode
+    c = cells()[cells()["config"] == "dm8"]
+    only = metas(draft_model_bytes=2 ** 30)[2:]
+    text = "\n".join(rs.cost_lines(c, only, rs.spec_configs(c, only), "dm8"))
+    assert "- `dm8`: draft model `small`, 1,024 MiB of weights; it is the sweep's baseline itself" in text
+    assert "per plain decode step" not in text and "Per cell against" not in text
