@@ -99,6 +99,8 @@ def test_the_job_and_ready_times(metas):
     assert any("torch.compile took 17.21 s in total" in line for line in log)
     assert any("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%" in line and "44/44" in line for line in log)
     assert any("Capturing CUDA graphs (decode, FULL): 100%" in line and "44/44" in line for line in log)
+    assert "cuda_graph_coverage" not in pd.read_csv(EXAMPLE / "runs" / "draft-k8" / "repeats.csv")
+    assert any("cudagraph_metrics=False" in line for line in log) and "`cudagraph_metrics=False`" in readme()
     assert any("Capturing CUDA graphs (PIECEWISE)" in line and "19/19" in line for line in ar_log)
     assert any("Capturing CUDA graphs (FULL)" in line and "11/11" in line for line in ar_log)
 
