@@ -105,10 +105,9 @@ def test_the_job_and_ready_times(metas):
     assert any("Capturing CUDA graphs (FULL)" in line and "11/11" in line for line in ar_log)
 
     def silence(log, after):  # the longest gap between two timestamped EngineCore lines, after ``after``
-        stamps = [pd.Timestamp("2026-" + line.split(" INFO ")[1][:14].replace(" ", "T"))
-                  for line in log if "EngineCore" in line and " INFO 12-03 " in line]
-        start = next(i for i, line in enumerate(l for l in log if "EngineCore" in l and " INFO 12-03 " in l)
-                     if after in line)
+        timed = [line for line in log if "EngineCore" in line and " INFO 12-03 " in line]
+        stamps = [pd.Timestamp("2026-" + line.split(" INFO ")[1][:14].replace(" ", "T")) for line in timed]
+        start = next(i for i, line in enumerate(timed) if after in line)
         return max((b - a).total_seconds() for a, b in zip(stamps[start:], stamps[start + 1:]))
 
     assert silence(log, "torch.compile took 17.21 s") == 110 and silence(ar_log, "Graph capturing finished") == 134

@@ -216,14 +216,12 @@ def cost_lines(cells: pd.DataFrame, metas: list[dict], specs: list[SpecConfig], 
             parts.append(f"draft model `{s.draft_model}`, "
                          + (f"{s.draft_model_bytes / 2 ** 20:,.0f} MiB of weights" if s.draft_model_bytes
                             else "its size not recorded in meta.json"))
+        meta, base_meta = by_config.get(s.config, {}), by_config.get(baseline, {})
+        same_model = s.config != baseline and meta.get("model") == base_meta.get("model")
         if s.config == baseline:
             parts.append("it is the sweep's baseline itself, so no autoregressive config is set beside it: neither "
                          "its memory nor its time per step has a plain decode to be compared with")
-            lines.append(f"- `{s.config}`: " + "; ".join(parts) + ".")
-            continue
-        meta, base_meta = by_config.get(s.config, {}), by_config.get(baseline, {})
-        same_model = meta.get("model") == base_meta.get("model")
-        if same_model:
+        elif same_model:
             parts += _startup_text(meta, base_meta)
         else:
             parts.append(f"it serves `{meta.get('model')}`, the baseline `{base_meta.get('model')}`: nothing of "
