@@ -39,6 +39,7 @@ include: "rules/compare.smk"
 # downloads need the network that compute nodes often lack.
 localrules:
     all,
+    host,
     download_model,
     collect_config,
     aggregate_tables,

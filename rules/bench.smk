@@ -1,8 +1,10 @@
 rule bench_config:
     """One launch of one config: block {block} of the sweep."""
     input:
-        model=get_model_of,
-        draft_model=get_draft_model_of,
+        # Order only: a model rebuilt from an unchanged entry (on a fresh host, after `snakemake host`) must not
+        # re-measure the launches made with it; an edited entry is a changed param (`run`) and re-measures.
+        model=lambda wc: ancient(get_model_of(wc)),
+        draft_model=lambda wc: [ancient(m) for m in get_draft_model_of(wc)],
         # Re-checking the host or re-preparing an engine must not re-benchmark every config: order only.
         engine=lambda wc: ancient(get_engine_of(wc)),
         env=ancient(f"results/env/{HOST}.json"),
@@ -43,6 +45,14 @@ rule bench_config:
         benchmarks="results/benchmarks/bench_config",  # where the benchmark: files above are
     script:
         "../scripts/bench_config.py"
+
+
+# Everything the bench jobs need on this host and nothing they measure. Run first on a host given the launch folders
+# of blocks measured on another (docs/measurement.md, "Blocks on more than one host"): `report` then measures only
+# the blocks that are missing, since a bench job's inputs that a job of the same run makes count as new.
+rule host:
+    input:
+        host_inputs,
 
 
 rule collect_config:

@@ -3,6 +3,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from snakemake.utils import validate
 
@@ -126,6 +127,17 @@ def get_warm_of(wildcards):
     if warm_config(engine) is None:
         return []
     return [ancient(f"results/env/{HOST}.warm-{engine}.json")]
+
+
+def host_inputs(wildcards):
+    """Everything the bench jobs need on this host and nothing they measure, for the target `host`: the models,
+    engines, the environment check and the host warm-ups of every config."""
+    needs = set()
+    for cfg in SERVER_CONFIGS:
+        wc = SimpleNamespace(cfg=cfg)
+        needs.update([get_model_of(wc), *get_draft_model_of(wc), get_engine_of(wc), f"results/env/{HOST}.json"])
+        needs.update(str(w) for w in get_warm_of(wc))
+    return sorted(needs)
 
 
 def get_slurm_setting(key, unset=None):

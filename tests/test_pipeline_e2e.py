@@ -2,6 +2,7 @@
 then the incremental-rerun contract checked on the dry-run plan."""
 import copy
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -251,6 +252,53 @@ def test_adding_a_config_runs_only_its_launches(workdir):
     assert sorted(j for j in jobs if j[0] == "bench_config") == [("bench_config", f"cfg=ar-again, block={b}")
                                                                  for b in range(3)]
     assert {"collect_config", "aggregate_tables", "write_findings"} <= {r for r, _ in jobs}
+
+
+def test_editing_a_model_entry_remeasures_the_configs_on_it(workdir):
+    """The bench jobs take the model's manifest as an order-only input (a model rebuilt from an unchanged entry on
+    another host re-measures nothing: tests/test_blocks_elsewhere.py); an edited entry still re-measures every
+    launch made with it."""
+    path = workdir / "tiny.yaml"
+    before_text = path.read_text()
+    config = tiny_config()
+    model = config["server_configs"]["ar"]["model"]
+    config["models"][model]["served_name"] = "edited-name"
+    path.write_text(yaml.safe_dump(config))
+    try:
+        jobs = planned_jobs(snakemake(workdir, "-n", "report").stdout)
+    finally:
+        path.write_text(before_text)
+    assert ("download_model", f"model={model}") in jobs
+    assert sorted(j for j in jobs if j[0] == "bench_config") == sorted(
+        ("bench_config", f"cfg={c}, block={b}") for c in config["server_configs"] for b in range(3))
+
+
+def test_a_block_measured_on_another_host(workdir, tmp_path):
+    """Blocks 0 and 1 as this run measured them, brought with Snakemake's records to a host that has nothing else
+    (no models, no engine, no host check, another name): `host` prepares it and measures nothing; `report` then
+    measures block 2 only (docs/measurement.md, "Blocks on more than one host")."""
+    other = copy_tree(tmp_path)
+    config = tiny_config()  # the config the sweep ran with (an earlier test here edits one config)
+    (other / "tiny.yaml").write_text(yaml.safe_dump(config))
+    for cfg in config["server_configs"]:
+        for block in (0, 1):
+            shutil.copytree(workdir / "results" / "blocks" / cfg / f"b{block}",
+                            other / "results" / "blocks" / cfg / f"b{block}")
+    shutil.copytree(workdir / ".snakemake" / "metadata", other / ".snakemake" / "metadata")
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, "-m", "snakemake", *args, "--cores", "1", "--configfile=tiny.yaml"],
+                              cwd=other, capture_output=True, text=True, timeout=1800,
+                              env={**os.environ, "SERVESWEEP_HOST": "another-host"})
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        return proc.stdout
+
+    prepared = run("host")
+    assert "bench_config" not in prepared and (other / "results" / "env" / "another-host.json").exists()
+    jobs = planned_jobs(run("-n", "report"))
+    assert sorted(j for j in jobs if j[0] == "bench_config") == sorted(
+        ("bench_config", f"cfg={c}, block=2") for c in config["server_configs"])
+    assert not {r for r, _ in jobs} & {"download_model", "prepare_engine", "check_env"}
 
 
 @pytest.mark.parametrize("sweep, configs", [("config/kimi-k26-8gpu.yaml", 10), ("config/2xh200-moe.yaml", 4),
