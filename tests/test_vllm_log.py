@@ -128,3 +128,72 @@ def test_real_0_26_0_metrics_give_the_speculative_counters():
     assert round(out["accept_length"], 2) == 3.82 and round(out["accept_rate"], 3) == 0.709
     # nothing counted before the first cell: vLLM reports these counters from 0 once speculative_config is set
     assert ENGINE.cell_metrics([], start, start, [])["spec_drafted_tokens"] == 0
+
+
+# What `--cudagraph-metrics` adds after a stats line, in the layout of vLLM's CUDAGraphLogging.generate_metric_table
+# (header, separator, rows in descending count, columns padded to the widest cell), written out here by hand: no
+# real log with it has been recorded yet. The second table's rows carry the API server's process tag, as a process
+# prefix may put on every line of a message, and the mode as str() of the enum with its class name.
+GRAPH_TABLES = """\
+(APIServer pid=2177) INFO 12-03 19:06:11 [loggers.py:310] Engine 000: Avg prompt throughput: 2783.4 tokens/s, Avg generation throughput: 4428.8 tokens/s, Running: 63 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.2%, Prefix cache hit rate: 0.0%
+(APIServer pid=2177) INFO 12-03 19:06:11 [loggers.py:310] **CUDAGraph Config Settings:**
+
+- Mode: CUDAGraphMode.FULL_AND_PIECEWISE
+- Capture sizes: [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+
+**CUDAGraph Stats:**
+
+| Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode | Count |
+|-----------------|---------------|--------------|--------------|-------|
+| 567             | 576           | 9            | FULL         | 140   |
+| 63              | 64            | 1            | FULL         | 35    |
+| 1290            | 1290          | 0            | NONE         | 25    |
+(APIServer pid=2177) INFO 12-03 19:06:12 [loggers.py:310] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 4101.0 tokens/s, Running: 64 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.3%, Prefix cache hit rate: 0.0%
+(APIServer pid=2177) INFO 12-03 19:06:12 [loggers.py:310] **CUDAGraph Config Settings:**
+(APIServer pid=2177) | Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode       | Count |
+(APIServer pid=2177) |-----------------|---------------|--------------|--------------------|-------|
+(APIServer pid=2177) | 576             | 576           | 0            | CUDAGraphMode.FULL | 200   |
+"""
+
+
+def test_cudagraph_metrics_tables_give_the_cells_coverage():
+    ev = ENGINE.parse_log(GRAPH_TABLES)
+    rows = _kinds(ev, "graph_passes")
+    assert [(r.fields["mode"], r.fields["count"]) for r in rows] == [("FULL", 140), ("FULL", 35), ("NONE", 25),
+                                                                      ("FULL", 200)]
+    assert rows[0].t == _stamp("12-03 19:06:11") and rows[3].t == _stamp("12-03 19:06:12")
+    assert [e.fields["running_req"] for e in _kinds(ev, "stats")] == [63, 64]  # the stats lines are still read
+    m = ENGINE.cell_metrics(ev, None, None, [])
+    assert m["cuda_graph_passes"] == 400
+    assert m["cuda_graph_coverage"] == 375 / 400
+    # padding over the graphs' token slots: (9 × 140 + 1 × 35 + 0 × 200) / (576 × 140 + 64 × 35 + 576 × 200)
+    assert abs(m["cuda_graph_padding_share"] - (9 * 140 + 35) / (576 * 140 + 64 * 35 + 576 * 200)) < 1e-12
+    # without the tables (the real 0.26.0 log, launched without the option) there is no coverage at all, not 0
+    assert "cuda_graph_coverage" not in ENGINE.cell_metrics(ENGINE.parse_log(REAL_LOG), None, None, [])
+
+
+def test_cudagraph_metrics_option_and_its_stats_interval():
+    from servesweep.config import ServerConfig
+
+    def launch(env=None):
+        config = {"models": {"m": {"source": {"local": "/m"}, "format": "hf"}}, "host": {"gpus": 1},
+                  "server_configs": {"c": {"engine": "vllm", "model": "m", "options": {"cudagraph_metrics": True},
+                                           **({"env": env} if env else {})}}}
+        return ENGINE.launch(ServerConfig.from_config("c", config), Path("/m"), 8001, {"executable": "/bin/vllm"})
+
+    spec = launch()
+    assert spec.argv[-1] == "--cudagraph-metrics" and spec.env["VLLM_LOG_STATS_INTERVAL"] == "1"
+    assert launch({"VLLM_LOG_STATS_INTERVAL": "5"}).env["VLLM_LOG_STATS_INTERVAL"] == "5"
+
+
+def test_findings_name_the_coverage_and_the_eager_cells():
+    import pandas as pd
+
+    cells = pd.DataFrame({"config": ["draft-k8"] * 3, "engine": "vllm", "workload": "humaneval", "ctx": 0,
+                          "load": "closed", "concurrency": [1, 16, 64], "request_rate": float("nan"),
+                          "cuda_graph_coverage": [1.0, 0.96, 0.25], "cuda_graph_passes": [900, 800, 400]})
+    (line,) = ENGINE.findings(cells, [])
+    assert line.startswith("- `draft-k8`: 25%–100% of the target's forward passes ran in a CUDA graph in its 3 cells")
+    assert "2,100 passes" in line and "mostly eager (runtime mode NONE) in " in line and "(25%)" in line
+    assert "C=64" in line or "C = 64" in line
+    assert ENGINE.findings(cells.drop(columns=["cuda_graph_coverage"]), []) == []

@@ -19,8 +19,8 @@ from pathlib import Path
 import aiohttp
 
 from servesweep import promtext
-from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, LogEvent, gpu_jit_cache_dirs,
-                                     per_position_columns, spec_counter_columns)
+from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, LogEvent, cell_label,
+                                     gpu_jit_cache_dirs, per_position_columns, spec_counter_columns)
 
 # The variable that makes vLLM's API server register its development routes, /reset_prefix_cache among them.
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -37,6 +37,7 @@ OPTIONS = {
     "max_num_seqs": ("--max-num-seqs", "value"),
     "enforce_eager": ("--enforce-eager", "flag"),
     "trust_remote_code": ("--trust-remote-code", "flag"),
+    "cudagraph_metrics": ("--cudagraph-metrics", "flag"),
 }
 POSITIVE_INT_OPTIONS = ("tp", "pp", "dp", "max_model_len", "max_num_seqs")
 # SpeculativeConfig.method for a separate small model (SpeculativeMethod in vllm/config/speculative.py, read on
@@ -83,6 +84,16 @@ _STARTUP = (
 # tqdm bars, unstamped: "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  10%|…" (0.26.0), "Capturing CUDA
 # graph shapes: …" (older, one kind of graph)
 _CAPTURING = re.compile(r"Capturing CUDA graph(?:s \(([^,()]+), (\w+)\)| shapes)")
+# `cudagraph_metrics: true` (--cudagraph-metrics, ObservabilityConfig.cudagraph_metrics: 0.26.0's config dump has the
+# key): after each stats line the API server logs a table of the target's forward passes since the one before, one
+# row per (tokens, tokens padded to a captured size, paddings, runtime mode) with their count, e.g.
+# "| 64 | 64 | 0 | FULL | 12 |"; mode NONE is a pass run eagerly (vllm/compilation/cuda_graph.py,
+# CUDAGraphLogging.generate_metric_table, read in vLLM's sources: no real log with it has been recorded yet). The
+# mode is str() of a CUDAGraphMode, with or without the class name.
+_GRAPH_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(?:CUDAGraphMode\.)?(\w+)\s*\|\s*(\d+)\s*\|\s*$")
+# The stats line, and the table after it, come every VLLM_LOG_STATS_INTERVAL seconds (10 by default, vllm/envs.py):
+# longer than a cell's window. With the tables on, a launch logs them every second unless its env sets the interval.
+STATS_INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"
 # uvicorn's own line, unstamped: "(APIServer pid=2338) INFO:     Application startup complete."
 _READY = "Application startup complete."
 
@@ -231,7 +242,10 @@ class VLLMEngine(Engine):
             options = {**options, "speculative_config": {"method": DRAFT_METHOD,
                                                          **options.get("speculative_config", {}), "model": str(draft)}}
         argv += self.option_argv(options) + sc.extra_args
-        return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
+        env = dict(sc.env)
+        if options.get("cudagraph_metrics"):
+            env.setdefault(STATS_INTERVAL_ENV, "1")
+        return LaunchSpec(argv=argv, env=env, port=port)
 
     def context_limit(self, sc):
         if "max_model_len" not in sc.options:
@@ -308,6 +322,12 @@ class VLLMEngine(Engine):
                     processes.add(process)
                     events.append(LogEvent("first_line", last_t, {}, i, process))
             msg = m.group(3) if m else line.strip()
+            row = None if m else _GRAPH_ROW.match(line[tag.end():].strip() if tag else line.strip())
+            if row:
+                events.append(LogEvent("graph_passes", last_t, {
+                    "tokens": int(row.group(1)), "padded": int(row.group(2)), "paddings": int(row.group(3)),
+                    "mode": row.group(4), "count": int(row.group(5))}, i, process))
+                continue
             stats = _STATS.search(msg) if m else None
             if stats:
                 events.append(LogEvent("stats", last_t, {"running_req": int(stats.group(1)),
@@ -374,6 +394,24 @@ class VLLMEngine(Engine):
             out["ready_at"] = ready.t
         return out
 
+    def findings(self, cells, metas):
+        """CUDA-graph coverage of the target's forward passes per config, where `cudagraph_metrics` logged it."""
+        out = []
+        if "cuda_graph_coverage" not in cells:
+            return out
+        for cfg, g in cells.dropna(subset=["cuda_graph_coverage"]).groupby("config"):
+            lo, hi = g.cuda_graph_coverage.min(), g.cuda_graph_coverage.max()
+            share = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}–{hi:.0%}"
+            line = (f"- `{cfg}`: {share} of the target's forward passes ran in a CUDA graph in its {len(g)} cells "
+                    f"({int(g.cuda_graph_passes.sum()):,} passes in vLLM's `--cudagraph-metrics` tables; a table "
+                    "counts the passes since the one before, so a cell's first one holds some of the cell before)")
+            eager = g[g.cuda_graph_coverage < 0.5]
+            if len(eager):
+                line += ("; mostly eager (runtime mode NONE) in "
+                         + ", ".join(f"{cell_label(r)} ({r.cuda_graph_coverage:.0%})" for r in eager.itertuples()))
+            out.append(line + ".")
+        return out
+
     def engine_cell_metrics(self, events, metrics_before, metrics_after, requests):
         d = promtext.delta(metrics_before, metrics_after)
         stats = [e for e in events if e.kind == "stats"]
@@ -381,6 +419,7 @@ class VLLMEngine(Engine):
         out = {"max_running_req": max((e.fields["running_req"] for e in stats), default=math.nan),
                "max_queue_req": max((e.fields["queue_req"] for e in stats), default=math.nan),
                "failures": len(failures)}
+        out.update(graph_pass_columns([e.fields for e in events if e.kind == "graph_passes"]))
         # vLLM registers these counters only when speculative_config is set, and then reports them from 0 on.
         verify = promtext.total(d, METRIC_DRAFTS)
         accepted = promtext.total(d, METRIC_ACCEPTED)
@@ -388,6 +427,22 @@ class VLLMEngine(Engine):
         out.update(spec_counter_columns(draft_tokens, accepted, verify))
         out.update(per_position_columns(promtext.by_label(d, METRIC_ACCEPTED_PER_POSITION, "position"), verify))
         return out
+
+
+def graph_pass_columns(rows: list[dict]) -> dict:
+    """CUDA-graph coverage of one cell from the ``--cudagraph-metrics`` table rows logged in its window: the share of
+    the target's forward passes run in a graph (mode not NONE), how many passes the tables counted, and the share of
+    the graphs' token slots that were padding. Each table counts the passes since the one before it, so a cell's
+    first table holds passes made before its window began (up to one stats interval). {} without rows."""
+    passes = sum(r["count"] for r in rows)
+    if not passes:
+        return {}
+    graphed = [r for r in rows if r["mode"] != "NONE"]
+    slots = sum(r["padded"] * r["count"] for r in graphed)
+    return {"cuda_graph_coverage": sum(r["count"] for r in graphed) / passes,
+            "cuda_graph_passes": passes,
+            "cuda_graph_padding_share": (sum(r["paddings"] * r["count"] for r in graphed) / slots
+                                         if slots else math.nan)}
 
 
 def kv_capacity_from_metrics(text: str | None) -> dict:
