@@ -1,10 +1,11 @@
 rule bench_config:
     """One launch of one config: block {block} of the sweep."""
     input:
-        # Order only: a model rebuilt from an unchanged entry (on a fresh host, after `snakemake host`) must not
-        # re-measure the launches made with it; an edited entry is a changed param (`run`) and re-measures.
-        model=lambda wc: ancient(get_model_of(wc)),
-        draft_model=lambda wc: [ancient(m) for m in get_draft_model_of(wc)],
+        # Not order-only: an edited model entry reruns its download, and only a regenerated input reruns the bench
+        # jobs then (an `ancient` one would not, tests/test_pipeline_e2e.py). On a host given blocks measured
+        # elsewhere, `--rerun-triggers params input` after `snakemake host` keeps them (docs/measurement.md).
+        model=get_model_of,
+        draft_model=get_draft_model_of,
         # Re-checking the host or re-preparing an engine must not re-benchmark every config: order only.
         engine=lambda wc: ancient(get_engine_of(wc)),
         env=ancient(f"results/env/{HOST}.json"),
@@ -48,8 +49,9 @@ rule bench_config:
 
 
 # Everything the bench jobs need on this host and nothing they measure. Run first on a host given the launch folders
-# of blocks measured on another (docs/measurement.md, "Blocks on more than one host"): `report` then measures only
-# the blocks that are missing, since a bench job's inputs that a job of the same run makes count as new.
+# of blocks measured on another (docs/measurement.md, "Blocks on more than one host"); `report --rerun-triggers params
+# input` then measures only the blocks that are missing. In one run with `report`, its jobs would make every bench
+# job's inputs new, and with the mtime trigger the models it builds are newer than the launches brought.
 rule host:
     input:
         host_inputs,

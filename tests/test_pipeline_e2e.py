@@ -255,9 +255,9 @@ def test_adding_a_config_runs_only_its_launches(workdir):
 
 
 def test_editing_a_model_entry_remeasures_the_configs_on_it(workdir):
-    """The bench jobs take the model's manifest as an order-only input (a model rebuilt from an unchanged entry on
-    another host re-measures nothing: tests/test_blocks_elsewhere.py); an edited entry still re-measures every
-    launch made with it."""
+    """An edited model entry reruns its download, and then every launch made with the model: a regenerated input
+    reruns a bench job (an order-only one would not, and neither would the bench job's own changed params, in
+    Snakemake 9.27.1)."""
     path = workdir / "tiny.yaml"
     before_text = path.read_text()
     config = tiny_config()
@@ -275,8 +275,9 @@ def test_editing_a_model_entry_remeasures_the_configs_on_it(workdir):
 
 def test_a_block_measured_on_another_host(workdir, tmp_path):
     """Blocks 0 and 1 as this run measured them, brought with Snakemake's records to a host that has nothing else
-    (no models, no engine, no host check, another name): `host` prepares it and measures nothing; `report` then
-    measures block 2 only (docs/measurement.md, "Blocks on more than one host")."""
+    (no models, no engine, no host check, another name): `host` prepares it and measures nothing; `report` without
+    the mtime trigger then measures block 2 only, the records' params and inputs matching (docs/measurement.md,
+    "Blocks on more than one host")."""
     other = copy_tree(tmp_path)
     config = tiny_config()  # the config the sweep ran with (an earlier test here edits one config)
     (other / "tiny.yaml").write_text(yaml.safe_dump(config))
@@ -295,7 +296,7 @@ def test_a_block_measured_on_another_host(workdir, tmp_path):
 
     prepared = run("host")
     assert "bench_config" not in prepared and (other / "results" / "env" / "another-host.json").exists()
-    jobs = planned_jobs(run("-n", "report"))
+    jobs = planned_jobs(run("-n", "report", "--rerun-triggers", "params", "input"))
     assert sorted(j for j in jobs if j[0] == "bench_config") == sorted(
         ("bench_config", f"cfg={c}, block=2") for c in config["server_configs"])
     assert not {r for r, _ in jobs} & {"download_model", "prepare_engine", "check_env"}

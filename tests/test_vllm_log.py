@@ -197,3 +197,42 @@ def test_findings_name_the_coverage_and_the_eager_cells():
     assert "2,100 passes" in line and "mostly eager (runtime mode NONE) in " in line and "(25%)" in line
     assert "C=64" in line or "C = 64" in line
     assert ENGINE.findings(cells.drop(columns=["cuda_graph_coverage"]), []) == []
+
+
+def _real_cudagraph(cfg):
+    import gzip
+
+    import pandas as pd
+
+    log = gzip.open(DATA / f"{cfg}-cudagraph-server.log.gz", "rt").read()
+    return ENGINE.parse_log(log), pd.read_csv(DATA / f"{cfg}-cudagraph-cells.csv")
+
+
+def test_real_0_26_0_cudagraph_tables():
+    """A real run with `cudagraph_metrics: true` (tests/data/vllm-0.26.0-h200/README.md): per cell, the tables stamped
+    from the cell's first second to its end, as docs/gpu.md states them."""
+    import math
+
+    from servesweep.engines.vllm import graph_pass_columns
+
+    events, cells = _real_cudagraph("gemma-ngram")
+    rows = _kinds(events, "graph_passes")
+    assert len(rows) == 690 and len({e.t for e in rows}) == 21
+    assert {e.fields["mode"] for e in rows} == {"FULL", "PIECEWISE", "NONE"}
+    per_cell = [graph_pass_columns([e.fields for e in rows if math.floor(c.cell_start) <= e.t <= c.cell_end])
+                for c in cells.itertuples()]
+    assert list(cells.concurrency) == [1, 16, 64] and set(cells.workload) == {"sharegpt"}
+    assert [round(m["cuda_graph_coverage"] * 100, 1) for m in per_cell] == [99.6, 94.0, 71.5]
+    assert [m["cuda_graph_passes"] for m in per_cell] == [1367, 749, 425]
+    # how much the attribution moves it: with the tables of the second after each cell's end counted too
+    later = [graph_pass_columns([e.fields for e in rows if math.floor(c.cell_start) <= e.t <= c.cell_end + 1])
+             for c in cells.itertuples()]
+    assert [round(m["cuda_graph_coverage"] * 100, 1) for m in later] == [99.3, 92.4, 71.5]
+    # every pass run eagerly was larger than every pass run in a graph
+    eager = [e.fields["tokens"] for e in rows if e.fields["mode"] == "NONE"]
+    graphed = [e.fields for e in rows if e.fields["mode"] != "NONE"]
+    assert (min(eager), max(eager)) == (502, 4888)
+    assert max(r["tokens"] for r in graphed) == 493 and max(r["padded"] for r in graphed) == 500
+    # the autoregressive launch of the same run, with the same flag, logged no table: no coverage, not 0
+    events, _ = _real_cudagraph("gemma-ar")
+    assert _kinds(events, "graph_passes") == [] and len(_kinds(events, "stats")) > 0

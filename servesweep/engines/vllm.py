@@ -84,13 +84,12 @@ _STARTUP = (
 # tqdm bars, unstamped: "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  10%|…" (0.26.0), "Capturing CUDA
 # graph shapes: …" (older, one kind of graph)
 _CAPTURING = re.compile(r"Capturing CUDA graph(?:s \(([^,()]+), (\w+)\)| shapes)")
-# `cudagraph_metrics: true` (--cudagraph-metrics, ObservabilityConfig.cudagraph_metrics: 0.26.0's config dump has the
-# key): after each stats line the API server logs a table of the target's forward passes since the one before, one
-# row per (tokens, tokens padded to a captured size, paddings, runtime mode) with their count, e.g.
-# "| 64 | 64 | 0 | FULL | 12 |"; mode NONE is a pass run eagerly (vllm/compilation/cuda_graph.py,
-# CUDAGraphLogging.generate_metric_table, read in vLLM's sources: no real log with it has been recorded yet). The
-# mode is str() of a CUDAGraphMode, with or without the class name.
-_GRAPH_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(?:CUDAGraphMode\.)?(\w+)\s*\|\s*(\d+)\s*\|\s*$")
+# `cudagraph_metrics: true` (--cudagraph-metrics, ObservabilityConfig.cudagraph_metrics): after a stats line the API
+# server logs a table of the forward passes since the one before, one row per (tokens, tokens padded to a captured
+# size, paddings, runtime mode) with their count (vllm/compilation/cuda_graph.py, CUDAGraphLogging); 0.26.0 stamps
+# every line of it: "(APIServer pid=2080) INFO 12-04 03:41:24 [cuda_graph.py:123] | 5 | 5 | 0 | FULL | 96 |"
+# (tests/data/vllm-0.26.0-h200/gemma-ngram-cudagraph-server.log.gz). Mode NONE is a pass run eagerly.
+_GRAPH_ROW = re.compile(r"^(?:\[[\w.]+:\d+\] )?\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(?:CUDAGraphMode\.)?(\w+)\s*\|\s*(\d+)\s*\|\s*$")
 # The stats line, and the table after it, come every VLLM_LOG_STATS_INTERVAL seconds (10 by default, vllm/envs.py):
 # longer than a cell's window. With the tables on, a launch logs them every second unless its env sets the interval.
 STATS_INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"
@@ -322,7 +321,7 @@ class VLLMEngine(Engine):
                     processes.add(process)
                     events.append(LogEvent("first_line", last_t, {}, i, process))
             msg = m.group(3) if m else line.strip()
-            row = None if m else _GRAPH_ROW.match(line[tag.end():].strip() if tag else line.strip())
+            row = _GRAPH_ROW.match(msg if m else line[tag.end():].strip() if tag else msg)
             if row:
                 events.append(LogEvent("graph_passes", last_t, {
                     "tokens": int(row.group(1)), "padded": int(row.group(2)), "paddings": int(row.group(3)),
