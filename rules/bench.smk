@@ -3,7 +3,7 @@ rule bench_config:
     input:
         # Not order-only: an edited model entry reruns its download, and only a regenerated input reruns the bench
         # jobs then (an `ancient` one would not, tests/test_pipeline_e2e.py). On a host given blocks measured
-        # elsewhere, `--rerun-triggers params input` after `snakemake host` keeps them (docs/measurement.md).
+        # elsewhere, `report --consider-ancient bench_config=model,draft_model` after `host` keeps them.
         model=get_model_of,
         draft_model=get_draft_model_of,
         # Re-checking the host or re-preparing an engine must not re-benchmark every config: order only.
@@ -49,9 +49,9 @@ rule bench_config:
 
 
 # Everything the bench jobs need on this host and nothing they measure. Run first on a host given the launch folders
-# of blocks measured on another (docs/measurement.md, "Blocks on more than one host"); `report --rerun-triggers params
-# input` then measures only the blocks that are missing. In one run with `report`, its jobs would make every bench
-# job's inputs new, and with the mtime trigger the models it builds are newer than the launches brought.
+# of blocks measured on another (docs/measurement.md, "Blocks on more than one host"); `report --consider-ancient
+# bench_config=model,draft_model --rerun-triggers mtime params` then measures only the blocks that are missing. In one
+# run with `report`, its jobs would make every bench job's inputs new.
 rule host:
     input:
         host_inputs,

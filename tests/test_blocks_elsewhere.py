@@ -1,6 +1,7 @@
 """A sweep measured in pieces on hosts that do not share a disk: the launch folders of the blocks already measured are
-brought to a fresh host (no models, no environment check there). What `host` plans there, and why it comes first and
-why Snakemake's records must come too; the whole procedure with a real run's records is
+brought to a fresh host (no models, no environment check there): `host` prepares it, then `report` with the models
+taken as ancient and without the input trigger measures only the missing blocks. Here without Snakemake's records of
+the launches brought; with a real run's records (which let an entry edited in between re-measure) it is
 tests/test_pipeline_e2e.py's test_a_block_measured_on_another_host (docs/measurement.md, "Blocks on more than one
 host")."""
 import os
@@ -16,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "h200-sglang-qwen-draft.yaml"
 
 
-# what `report` takes on a host given blocks measured elsewhere (docs/measurement.md): no mtime trigger
-KEEP = ("--rerun-triggers", "params", "input")
+# what `report` takes on a host given blocks measured elsewhere (docs/measurement.md): the models it built there are
+# not newer than the launches brought, and no input trigger (the host check's file is named after the host)
+KEEP = ("--consider-ancient", "bench_config=model,draft_model", "--rerun-triggers", "mtime", "params")
 
 
 def plan(workdir: Path, *targets: str, triggers=(), outputs: bool = False):
@@ -60,7 +62,7 @@ def made(workdir: Path, rule_output: list[str]) -> None:
         target.write_text("")
 
 
-def test_host_prepares_a_host_and_measures_nothing(tmp_path):
+def test_the_blocks_measured_elsewhere_are_not_measured_again(tmp_path):
     configs = sorted(yaml.safe_load(CONFIG.read_text())["server_configs"])
     bring_blocks(tmp_path, configs, 0)
     # `host` builds the new host's models, prepares its engine, checks it and warms it up, and measures nothing
@@ -71,12 +73,14 @@ def test_host_prepares_a_host_and_measures_nothing(tmp_path):
     assert jobs["warm_host"] == ["engine=sglang"] and "bench_config" not in jobs
     assert "results/env/second-host.warm-sglang.json" in outputs
     made(tmp_path, outputs)
-    # The launches came without Snakemake's records of them: then Snakemake compares modification times whatever
-    # the rerun triggers, the models just built are newer, and every launch would be measured again. With the
-    # records (tests/test_pipeline_e2e.py, test_a_block_measured_on_another_host) only the missing block is.
+    # then `report` launches each config in the missing block only, and gathers both blocks
     jobs, _ = plan(tmp_path, "report", triggers=KEEP)
-    assert sorted(jobs["bench_config"]) == sorted(f"cfg={c}, block={b}" for c in configs for b in (0, 1))
+    assert sorted(jobs["bench_config"]) == [f"cfg={c}, block=1" for c in configs]
+    assert sorted(jobs["collect_config"]) == [f"cfg={c}" for c in configs]
     assert "download_model" not in jobs and "check_env" not in jobs
+    # with the workflow's own triggers the models just built are newer than the launches brought: all measured again
+    jobs, _ = plan(tmp_path, "report")
+    assert sorted(jobs["bench_config"]) == sorted(f"cfg={c}, block={b}" for c in configs for b in (0, 1))
 
 
 def test_without_host_first_every_block_is_measured_again(tmp_path):

@@ -275,9 +275,9 @@ def test_editing_a_model_entry_remeasures_the_configs_on_it(workdir):
 
 def test_a_block_measured_on_another_host(workdir, tmp_path):
     """Blocks 0 and 1 as this run measured them, brought with Snakemake's records to a host that has nothing else
-    (no models, no engine, no host check, another name): `host` prepares it and measures nothing; `report` without
-    the mtime trigger then measures block 2 only, the records' params and inputs matching (docs/measurement.md,
-    "Blocks on more than one host")."""
+    (no models, no engine, no host check, another name): `host` prepares it and measures nothing; `report` with the
+    models taken as ancient and without the input trigger then measures block 2 only (docs/measurement.md, "Blocks
+    on more than one host")."""
     other = copy_tree(tmp_path)
     config = tiny_config()  # the config the sweep ran with (an earlier test here edits one config)
     (other / "tiny.yaml").write_text(yaml.safe_dump(config))
@@ -296,10 +296,18 @@ def test_a_block_measured_on_another_host(workdir, tmp_path):
 
     prepared = run("host")
     assert "bench_config" not in prepared and (other / "results" / "env" / "another-host.json").exists()
-    jobs = planned_jobs(run("-n", "report", "--rerun-triggers", "params", "input"))
+    keep = ("--consider-ancient", "bench_config=model,draft_model", "--rerun-triggers", "mtime", "params")
+    jobs = planned_jobs(run("-n", "report", *keep))
     assert sorted(j for j in jobs if j[0] == "bench_config") == sorted(
         ("bench_config", f"cfg={c}, block=2") for c in config["server_configs"])
     assert not {r for r, _ in jobs} & {"download_model", "prepare_engine", "check_env"}
+    # the records carry the params: a config edited in between is measured again in every block
+    config["server_configs"]["ngram"]["options"]["threads"] = 1
+    (other / "tiny.yaml").write_text(yaml.safe_dump(config))
+    jobs = planned_jobs(run("-n", "report", *keep))
+    assert sorted(j for j in jobs if j[0] == "bench_config") == sorted(
+        [("bench_config", f"cfg={c}, block=2") for c in config["server_configs"] if c != "ngram"]
+        + [("bench_config", f"cfg=ngram, block={b}") for b in range(3)])
 
 
 @pytest.mark.parametrize("sweep, configs", [("config/kimi-k26-8gpu.yaml", 10), ("config/2xh200-moe.yaml", 4),
