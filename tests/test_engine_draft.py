@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from servesweep.cache import cache_root
 from servesweep.config import ConfigError, ServerConfig, check_config
 from servesweep.engines import get_engine
 from servesweep.speculation import failed_speculation_configs, speculation_status
@@ -180,9 +181,10 @@ def test_cpu_qwen_draft_sweep_plans_with_the_draft_as_an_input():
     assert downloads == ["qwen-coder-0.5b", "qwen-coder-1.5b"]
 
 
-QWEN_DRAFT_GGUF = Path.home() / ".cache/servesweep/qwen/qwen-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+# assembled by `./setup.sh --test`
+QWEN_DRAFT_GGUF = cache_root() / "qwen" / "qwen-coder-0.5b" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 # the CPU build llama_cpp_build caches (its folder name may carry a host suffix)
-LLAMA_SERVER = next(iter(sorted((Path.home() / ".cache/servesweep").glob("llama.cpp-0.3.36-cpu*/bin/llama-server"))),
+LLAMA_SERVER = next(iter(sorted(cache_root().glob("llama.cpp-0.3.36-cpu*/bin/llama-server"))),
                     Path("/nonexistent/llama-server"))
 
 

@@ -10,6 +10,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from servesweep import gguf_convert
+from servesweep.cache import cache_root
 from servesweep.gguf_convert import QWEN2_BLOCK_NAMES, ConversionError, convert, hf_name
 
 Q8, F16, F32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
@@ -169,7 +170,8 @@ def test_other_bpe_pre_tokenizers_are_refused(tmp_path):
     assert not (tmp_path / "hf" / "config.json").exists()
 
 
-REAL_DRAFT = Path.home() / ".cache/servesweep/qwen/qwen-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+# assembled by `./setup.sh --test`
+REAL_DRAFT = cache_root() / "qwen" / "qwen-coder-0.5b" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
 @pytest.mark.skipif(not REAL_DRAFT.exists(), reason="the assembled Qwen2.5-Coder-0.5B GGUF is not on this machine")
