@@ -132,11 +132,10 @@ def get_warm_of(wildcards):
 def host_inputs(wildcards):
     """Everything the bench jobs need on this host and nothing they measure, for the target `host`: the models,
     engines, the environment check and the host warm-ups of every config."""
-    needs = set()
+    needs = {f"results/env/{HOST}.json"}
     for cfg in SERVER_CONFIGS:
         wc = SimpleNamespace(cfg=cfg)
-        needs.update([get_model_of(wc), *get_draft_model_of(wc), get_engine_of(wc), f"results/env/{HOST}.json"])
-        needs.update(str(w) for w in get_warm_of(wc))
+        needs.update([get_model_of(wc), *get_draft_model_of(wc), get_engine_of(wc), *map(str, get_warm_of(wc))])
     return sorted(needs)
 
 

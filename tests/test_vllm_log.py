@@ -131,9 +131,9 @@ def test_real_0_26_0_metrics_give_the_speculative_counters():
 
 
 # What `--cudagraph-metrics` adds after a stats line, in the layout of vLLM's CUDAGraphLogging.generate_metric_table
-# (header, separator, rows in descending count, columns padded to the widest cell), written out here by hand: no
-# real log with it has been recorded yet. The second table's rows carry the API server's process tag, as a process
-# prefix may put on every line of a message, and the mode as str() of the enum with its class name.
+# (header, separator, rows in descending count, columns padded to the widest cell), written out here by hand in the
+# two forms other than the stamped lines 0.26.0 writes (the real log is test_real_0_26_0_cudagraph_tables below):
+# rows with no prefix, and rows with the process tag alone and the mode as str() of the enum with its class name.
 GRAPH_TABLES = """\
 (APIServer pid=2177) INFO 12-03 19:06:11 [loggers.py:310] Engine 000: Avg prompt throughput: 2783.4 tokens/s, Avg generation throughput: 4428.8 tokens/s, Running: 63 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.2%, Prefix cache hit rate: 0.0%
 (APIServer pid=2177) INFO 12-03 19:06:11 [loggers.py:310] **CUDAGraph Config Settings:**

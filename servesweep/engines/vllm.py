@@ -321,7 +321,7 @@ class VLLMEngine(Engine):
                     processes.add(process)
                     events.append(LogEvent("first_line", last_t, {}, i, process))
             msg = m.group(3) if m else line.strip()
-            row = _GRAPH_ROW.match(msg if m else line[tag.end():].strip() if tag else msg)
+            row = _GRAPH_ROW.match(line[tag.end():].strip() if tag else msg)  # a tagged line's text after its tag
             if row:
                 events.append(LogEvent("graph_passes", last_t, {
                     "tokens": int(row.group(1)), "padded": int(row.group(2)), "paddings": int(row.group(3)),
