@@ -566,7 +566,7 @@ def speedup_markdown(sp: pd.DataFrame, baseline: str) -> str:
         "verdict": sp["verdict"],
         "per-request verdict": sp["per_request_verdict"],
         "design": [f"{d} ({int(n)})" if pd.notna(n) else d for d, n in zip(sp["design"], sp["blocks"])],
-        "MDE": sp["mde"].map(lambda x: f"±{100 * x:.1f} %" if pd.notna(x) else "–"),
+        "MDE": sp["mde"].map(decide.mde_text),
     })
     if sp["request_rate"].isna().all():
         shown = shown.drop(columns="rate req/s")  # a closed-loop-only sweep keeps its old table

@@ -207,6 +207,19 @@ def mde(est: Estimate, rule: Rule, comparisons: int) -> float:
     return ratio * (1 + rule.min_effect) - 1 if math.isfinite(ratio) else math.nan
 
 
+# A minimum detectable effect past this (as a relative difference: 10 = ±1,000 %, an 11-fold ratio) is printed as
+# "beyond" it: two or three launches with a wide spread give figures like ±760,877.9 %, exact and unreadable.
+MDE_SHOWN_MAX = 10.0
+
+
+def mde_text(mde_value: float) -> str:
+    """A minimum detectable effect as the report prints it: "±12.3 %", "beyond ±1,000 %" past MDE_SHOWN_MAX, "–"
+    where none could be computed."""
+    if mde_value is None or math.isnan(mde_value):
+        return "–"
+    return f"±{100 * mde_value:.1f} %" if mde_value <= MDE_SHOWN_MAX else f"beyond ±{100 * MDE_SHOWN_MAX:,.0f} %"
+
+
 def blocks_to_decide(est: Estimate, rule: Rule, comparisons: int, most: int = 200) -> int | None:
     """How many blocks in all would likely decide an inconclusive comparison, if its log-ratio and spread stay what
     they are now: the first n at which either the difference or the equivalence test reaches the strictest

@@ -347,3 +347,13 @@ def test_a_cells_error_kinds_add_up_over_its_repeats():
     cell = stats.combine_cell(rows)
     assert cell["errors"] == 5 and cell["error_kinds"] == "no_tokens:4;timeout:1"
     assert math.isnan(stats.combine_cell(rows[3:])["error_kinds"])
+
+
+def test_speedup_table_prints_an_unusable_minimum_detectable_effect_as_beyond_its_cap():
+    """Two blocks with a wide spread give MDEs like ±5,275,117,162,678.5 % (the SGLang draft sweep's): the table says
+    "beyond ±1,000 %", as the Resolution line does, and prints an ordinary one as it is."""
+    cells, repeats = _frames()
+    sp = aggregate.speedup_table(cells, repeats, "base", {"band": 0.05})
+    sp["mde"] = [52751171626.785, 0.123]
+    table = aggregate.speedup_markdown(sp, "base")
+    assert "beyond ±1,000 %" in table and "5275117" not in table and "±12.3 %" in table

@@ -101,15 +101,6 @@ def _answer(name: str, level: int, base, sp: pd.DataFrame, baseline: str, metric
             + "; ".join(others) + ".")
 
 
-# A minimum detectable effect past this (as a relative difference: 10 = ±1,000 %, an 11-fold ratio) is printed as
-# "beyond" it: two or three launches with a wide spread give figures like ±760,877.9 %, exact and unreadable.
-MDE_SHOWN_MAX = 10.0
-
-
-def _mde_pct(mde: float) -> str:
-    return f"±{100 * mde:.1f} %" if mde <= MDE_SHOWN_MAX else f"beyond ±{100 * MDE_SHOWN_MAX:,.0f} %"
-
-
 def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
     """What this sweep could have seen: its blocks and rounds, its rule, and the minimum detectable effect at the
     lowest and highest concurrency."""
@@ -125,10 +116,10 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
                                      (sweep["concurrency"].max(), "mde", "throughput")):
             mdes = sweep[sweep["concurrency"] == level][metric].dropna()
             if len(mdes):
-                worst = (f" (up to {_mde_pct(mdes.max())})" if mdes.max() > mdes.median() + 1e-9
-                         and mdes.median() <= MDE_SHOWN_MAX else "")
-                parts.append(f"{_mde_pct(mdes.median())} {label} at C={int(level)}{worst}")
-                unusable = unusable or mdes.median() > MDE_SHOWN_MAX
+                worst = (f" (up to {decide.mde_text(mdes.max())})" if mdes.max() > mdes.median() + 1e-9
+                         and mdes.median() <= decide.MDE_SHOWN_MAX else "")
+                parts.append(f"{decide.mde_text(mdes.median())} {label} at C={int(level)}{worst}")
+                unusable = unusable or mdes.median() > decide.MDE_SHOWN_MAX
     made = ", ".join(f"{n} {d}" for d, n in sorted(designs.items())) or "none decided"
     measured = design.get("launches") or {}
     if not blocks:
@@ -148,9 +139,10 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
         text += (f"Smallest difference this sweep would have seen with {100 * rule.get('power', 0.8):.0f} % power: "
                  + "; ".join(parts) + ".")
         if unusable:
-            text += (f" Beyond ±{100 * MDE_SHOWN_MAX:,.0f} %: even a {MDE_SHOWN_MAX + 1:.0f}× ratio there could "
-                     "have gone unseen, so a comparison there that is not decided says nothing about its size; more "
-                     "blocks narrow it (`design.blocks`).")
+            cap = decide.MDE_SHOWN_MAX
+            text += (f" Beyond ±{100 * cap:,.0f} %: even a {cap + 1:.0f}× ratio there could have gone unseen, so a "
+                     "comparison there that is not decided says nothing about its size; more blocks narrow it "
+                     "(`design.blocks`).")
     elif design.get("undecided"):
         text += (f"Its {design['undecided']} comparisons rest on one launch per config, whose intervals leave "
                  "launch-to-launch variation out, so none is decided and no resolution can be stated; measure the "
