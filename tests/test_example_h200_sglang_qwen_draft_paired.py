@@ -1,0 +1,158 @@
+"""Draft-model speculation on SGLang paired over 2 blocks, one H200, recorded by the pipeline
+(examples/h200-sglang-qwen-draft-paired/): the figures its README states are recomputed from the committed run
+folders, and the report regenerates as committed, with its speculative-decoding section's verdicts and crossover."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from conftest import rebuilt_example
+
+from servesweep import decide
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "h200-sglang-qwen-draft-paired"
+RUNS = EXAMPLE / "runs"
+CONFIGS = ("ar", "draft-k4", "draft-k8")
+
+
+def readme() -> str:
+    return " ".join((EXAMPLE / "README.md").read_text().split())
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return rebuilt_example(EXAMPLE, tmp_path_factory.mktemp("h200-sglang-qwen-draft-paired-report"))
+
+
+@pytest.fixture(scope="module")
+def repeats():
+    return pd.concat([pd.read_csv(RUNS / cfg / "repeats.csv") for cfg in CONFIGS], ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def metas():
+    return {cfg: json.loads((RUNS / cfg / "meta.json").read_text()) for cfg in CONFIGS}
+
+
+def test_the_config_is_the_repository_one_without_ngram():
+    ran = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    source = yaml.safe_load((ROOT / "config" / "h200-sglang-qwen-draft.yaml").read_text())
+    del source["server_configs"]["ngram"]
+    source["host"]["warm_start"] = False
+    assert ran == source
+    assert ran["design"]["blocks"] == 2 and ran["matrix"]["concurrencies"] == [1, 4, 16, 64]
+
+
+def test_the_launches_orders_and_ready_times(repeats, metas):
+    launches = repeats.drop_duplicates(["config", "block"])
+    assert len(launches) == 6 and launches["block_run"].nunique() == 1   # one invocation measured both blocks
+    realised = [list(g.sort_values("block_position")["config"]) for _, g in launches.groupby("block")]
+    assert realised == decide.block_order(list(CONFIGS), 2, 0)
+    assert realised == [["ar", "draft-k8", "draft-k4"], ["draft-k8", "draft-k4", "ar"]]
+    ready = {(cfg, b["block"]): round(b["ready_s"], 1) for cfg, m in metas.items() for b in m["blocks"]}
+    assert ready == {("ar", 0): 123.9, ("ar", 1): 61.8, ("draft-k4", 0): 67.8, ("draft-k4", 1): 71.9,
+                     ("draft-k8", 0): 89.9, ("draft-k8", 1): 66.3}
+    for cfg, meta in metas.items():
+        assert meta["status"] == "ok" and meta["engine_version"] == "0.5.17"
+        assert meta["cpu_model"] == "Intel(R) Xeon(R) Processor" and meta["cpu_count"] == 16
+        assert meta["telemetry_host"]["driver"] == "580.159.04"
+    assert "--speculative-num-draft-tokens" not in metas["ar"]["argv"]
+    for cfg, steps, tokens in (("draft-k4", "3", "4"), ("draft-k8", "7", "8")):
+        argv = metas[cfg]["argv"]
+        assert argv[argv.index("--speculative-algorithm") + 1] == "STANDALONE"
+        assert argv[argv.index("--speculative-num-steps") + 1] == steps
+        assert argv[argv.index("--speculative-num-draft-tokens") + 1] == tokens
+        assert "--speculative-draft-model-path" in argv
+
+
+def test_the_job_times():
+    bench = EXAMPLE / "pipeline" / "benchmarks"
+    walls = {p.stem: round(float(pd.read_csv(p, sep="\t")["s"].iloc[0]), 1)
+             for p in (bench / "bench_config").glob("*.tsv")}
+    assert walls == {"ar.b0": 202.4, "draft-k8.b0": 175.3, "draft-k4.b0": 187.8, "draft-k8.b1": 155.1,
+                     "draft-k4.b1": 184.1, "ar.b1": 153.1}
+    models = {p.stem: round(float(pd.read_csv(p, sep="\t")["s"].iloc[0]), 1)
+              for p in (bench / "download_model").glob("*.tsv")}
+    assert models == {"qwen-coder-1.5b": 11.6, "qwen-coder-1.5b-hf": 43.9, "qwen-coder-0.5b": 4.0,
+                      "qwen-coder-0.5b-hf": 19.3}
+    assert "19 min 51.4 s" in readme()
+
+
+def _ratio(repeats, cfg, workload, conc, column="agg_output_tok_s"):
+    """The paired estimate as the rule forms it: the geometric mean over blocks of the launch ratios, with its 95 %
+    t interval over the blocks."""
+    t = repeats.set_index(["config", "workload", "concurrency", "block"])[column]
+    logs = np.log([t[(cfg, workload, conc, b)] / t[("ar", workload, conc, b)] for b in (0, 1)])
+    half = 12.706204736 * logs.std(ddof=1) / math.sqrt(2)
+    return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
+
+
+def test_the_ratio_table_of_the_readme_is_the_paired_estimate(repeats):
+    text = readme()
+    speedup = pd.read_csv(EXAMPLE / "report" / "speedup.csv").set_index(["config", "workload", "concurrency"])
+    for cfg in ("draft-k4", "draft-k8"):
+        for workload, name in (("humaneval", "HumanEval"), ("sharegpt", "ShareGPT")):
+            cells = []
+            for conc in (1, 4, 16, 64):
+                mid, lo, hi = _ratio(repeats, cfg, workload, conc)
+                row = speedup.loc[(cfg, workload, conc)]
+                assert (round(row["speedup"], 2), round(row["speedup_lo"], 2), round(row["speedup_hi"], 2)) == (
+                    round(mid, 2), round(lo, 2), round(hi, 2))
+                verdict = f"**{row['verdict']}**" if row["verdict"] == "slower" else row["verdict"]
+                cells.append(f"{mid:.2f}× [{lo:.2f}, {hi:.2f}] {verdict}")
+            assert f"| `{cfg}` | {name} | " + " | ".join(cells) + " |" in text
+    assert (speedup["speedup"] < 1).all() and (speedup["per_request_speedup"] < 1).all()
+    verdicts = pd.concat([speedup["verdict"], speedup["per_request_verdict"]]).value_counts().to_dict()
+    assert verdicts == {"inconclusive": 20, "slower": 12}                # "12 of the 32 … 20 inconclusive"
+    assert speedup["per_request_speedup"].round(2).groupby(level=0).agg(["min", "max"]).values.tolist() == [
+        [0.22, 0.53], [0.35, 0.82]]
+
+
+def test_per_block_ratios_and_drift_of_the_readme(repeats):
+    t = repeats.set_index(["config", "workload", "concurrency", "block"])["agg_output_tok_s"]
+    per_block = [round(t[("draft-k8", "humaneval", c, b)] / t[("ar", "humaneval", c, b)], 2)
+                 for c in (1, 4, 16, 64) for b in (0, 1)]
+    assert per_block == [0.55, 0.49, 0.48, 0.49, 0.33, 0.39, 0.81, 0.79]
+    assert [round(t[("draft-k8", "sharegpt", 64, b)] / t[("ar", "sharegpt", 64, b)], 2) for b in (0, 1)] == [0.98,
+                                                                                                             0.71]
+    assert (round(t[("ar", "sharegpt", 16, 0)], 1), round(t[("ar", "sharegpt", 16, 1)], 1)) == (3783.9, 2696.9)
+    drift = {cfg: sum(t[(cfg, w, c, 1)] < t[(cfg, w, c, 0)] for w in ("humaneval", "sharegpt")
+                      for c in (1, 4, 16, 64)) for cfg in CONFIGS}
+    assert drift == {"ar": 7, "draft-k4": 6, "draft-k8": 7}              # "lower … in most cells for every config"
+    assert round(100 * (t[("draft-k8", "sharegpt", 64, 1)] / t[("draft-k8", "sharegpt", 64, 0)] - 1)) == -41
+
+
+def test_acceptance_graphs_and_step_costs(repeats, report):
+    text, cells, _ = report
+    spec = repeats[repeats["config"] != "ar"]
+    accept = spec.groupby(["config", "workload"])["accept_length"].agg(["min", "max"]).round(2)
+    cell = cells[cells["config"] != "ar"].groupby(["config", "workload"])["accept_length"].agg(["min", "max"])
+    assert [f"{lo:.2f}–{hi:.2f}" for lo, hi in cell.values] == ["3.57–3.81", "3.16–3.30", "6.15–7.04", "4.81–5.13"]
+    assert accept.loc[("draft-k4", "humaneval"), "min"] > 3.5
+    k4 = spec[(spec["config"] == "draft-k4") & (spec["concurrency"] == 1)].groupby("workload")["accept_length"]
+    assert k4.nunique().tolist() == [1, 1]                              # identical in both blocks at C = 1
+    assert (repeats["cuda_graph_coverage"] == 1.0).all()
+    assert "a step 25.87 ms against 2.02 ms per plain decode step (12.81×)" in text
+    assert "a step 60.98 ms against 9.77 ms per plain decode step (6.24×)" in text
+    assert "(16.13×)" in text and "(17.70×)" in text and "(5.96×)" in text
+    assert "25.9–61.0 ms against `ar`'s 2.0–9.8 ms per token (6.2–16.1×), a `draft-k8` step 26.8–58.2 ms (6.0–17.7×)" \
+        in readme()
+
+
+def test_correctness_and_the_first_screen(report):
+    text, _, correctness = report
+    table = correctness.set_index("config")
+    assert table["pass_at_1"].tolist() == [0.7, 0.7, 0.7]
+    for cfg in ("draft-k4", "draft-k8"):
+        assert f"- `{cfg}`: 4/4 completions identical (100 %): lossless." in text
+    assert "`ar` (the baseline) generated each prompt a second time, asking for log-probabilities: 4 of 4 " \
+           "completions identical to the first." in text
+    assert "`draft-k4` on sharegpt prompts, per user: C=1: 0.25× [0.19, 0.32] slower" in text
+    assert "does not pay at C=1, the lowest C measured (slower)" in text
+    assert "beyond ±1,000 % per user at C=1; beyond ±1,000 % throughput at C=64" in text
+    # the committed regenerated report is what the current code writes
+    assert text == (EXAMPLE / "report" / "FINDINGS.md").read_text()
