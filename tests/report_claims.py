@@ -141,6 +141,20 @@ def _check_crossover(claim: str, points: list[tuple[int, str]]) -> None:
         raise AssertionError(f"a crossover the checks do not know: {claim!r}")
 
 
+def _c_values(text: str) -> list[int]:
+    return [int(c) for c in re.findall(r"C=(\d+)", text)]
+
+
+def _check_tally(claim: str, points: list[tuple[int, str]]) -> None:
+    """``claim`` ("faster at C=1 and C=4, slower at C=64", "faster at no C") against every point's verdict."""
+    m = re.fullmatch(r"faster at (?P<faster>no C|C=\d+(?:(?:, | and )C=\d+)*)"
+                     r"(?:, slower at (?P<slower>C=\d+(?:(?:, | and )C=\d+)*))?", claim)
+    assert m, f"a tally the checks do not know: {claim!r}"
+    faster = [] if m["faster"] == "no C" else _c_values(m["faster"])
+    assert faster == [c for c, v in points if v.startswith("faster")], (claim, points)
+    assert _c_values(m["slower"] or "") == [c for c, v in points if v.startswith("slower")], (claim, points)
+
+
 def check_speculative_claims(text: str, speedup: pd.DataFrame, cells: pd.DataFrame) -> int:
     """Check every claim of the speculative-decoding section and its summary line: each point's ratio, interval and
     verdict, each crossover against the verdicts, the acceptance table and the memory and step-time figures."""
@@ -161,8 +175,13 @@ def check_speculative_claims(text: str, speedup: pd.DataFrame, cells: pd.DataFra
             workload, ctx = _prompts(seg["prompts"])
             rows = speedup[(speedup["config"] == seg["cfg"]) & (speedup["workload"] == workload)]
             rows = (rows[rows["ctx"] == ctx] if ctx is not None else rows).sort_values("concurrency")
-            _check_crossover(seg["cross"], [(int(r["concurrency"]), str(r[vcol])) for r in rows.to_dict("records")])
+            points = [(int(r["concurrency"]), str(r[vcol])) for r in rows.to_dict("records")]
+            cross, _, by_verdict = seg["cross"].partition("; by verdict: ")
+            _check_crossover(cross, points)
             checked += 1
+            if by_verdict:
+                _check_tally(by_verdict, points)
+                checked += 1
         for seg in UNDECIDED_SEGMENT.finditer(line):
             rows = speedup[speedup["config"] == seg["cfg"]]
             assert len(rows) and set(rows["verdict"]) | set(rows["per_request_verdict"]) == {

@@ -67,6 +67,32 @@ def test_crossover_is_the_first_c_not_faster_and_claims_only_its_verdict(verdict
     assert rs.crossover(list(zip((1, 4, 16), verdicts))) == words
 
 
+@pytest.mark.parametrize("verdicts, words", [
+    ([FASTER, FASTER, FASTER], "by verdict: faster at C=1, C=4 and C=16"),
+    ([INC, SLOWER, INC], "by verdict: faster at no C, slower at C=4"),
+    ([INC, INC, INC], "by verdict: faster at no C"),
+    ([FASTER, INC, SLOWER], "by verdict: faster at C=1, slower at C=16"),
+    ([decide.UNDECIDED, EQ, FASTER], "by verdict: faster at C=16"),
+])
+def test_the_tally_names_every_c_called_faster_and_slower(verdicts, words):
+    assert rs.tally(list(zip((1, 4, 16), verdicts))) == words
+
+
+def test_a_summary_whose_lowest_c_is_unresolved_still_says_it_won_nowhere():
+    """The SGLang draft sweep's shape (examples/h200-sglang-qwen-draft-paired/): inconclusive at the lowest C, slower
+    above it, faster nowhere; the first screen says so, and a tally that claims a win fails the check."""
+    sp = speedup({"ng4": [INC, SLOWER, INC], "dm8": [INC, SLOWER, SLOWER]})
+    line = rs.summary_lines(cells(), sp, metas())[0]
+    assert "— not resolved at C=1, the lowest C measured (inconclusive); by verdict: faster at no C, slower at C=4." \
+        in line
+    assert check_speculative_claims(line, sp, cells()) > 0
+    with pytest.raises(AssertionError):
+        check_speculative_claims(line.replace("faster at no C, slower at C=4.", "faster at C=4."), sp, cells())
+    with pytest.raises(AssertionError):
+        check_speculative_claims(line.replace("faster at no C, slower at C=4 and C=16.", "faster at no C, slower at "
+                                              "C=4."), sp, cells())
+
+
 def test_configs_are_grouped_by_method_and_draft_length_from_their_options():
     specs = rs.spec_configs(cells(), metas(draft_model_bytes=2 ** 30))
     assert [(s.config, s.method, s.draft_length, s.draft_model) for s in specs] == [
@@ -93,7 +119,7 @@ def test_section_claims_recompute_from_the_tables():
     assert summary.startswith("**Speculation** — ")
     # the lowest C and the last one called faster where every C was
     assert "`dm8` on sharegpt prompts, per user: C=1: 1.40× [1.20, 1.60] faster; C=16: 1.40× [1.20, 1.60] faster " \
-           "— pays at every C measured, up to C=16." in summary
+           "— pays at every C measured, up to C=16; by verdict: faster at C=1, C=4 and C=16." in summary
     assert "draft model `small`, 500 MiB of weights" in text
     assert "KV cache 800 tokens against the baseline's 1,000" in text
 
@@ -133,8 +159,10 @@ def test_undecided_everywhere_is_one_short_summary_segment():
     assert ("`ng4`: where it pays is not decided — no verdict: one launch per config at every C (the ratios are in "
             "the Speculative decoding section).") in lines[0]
     assert "`dm8` on sharegpt prompts, throughput: C=1: 1.30× [1.10, 1.50] faster; C=4: 0.80× [1.10, 1.50] slower " \
-           "— stops paying at C=4 (slower; faster up to C=1)." in lines[0]
-    assert check_speculative_claims(lines[0], sp, cells()) == 1 + 2 * 3
+           "— stops paying at C=4 (slower; faster up to C=1); by verdict: faster at C=1, slower at C=4 and C=16." \
+        in lines[0]
+    # per metric: the 2 points shown, the crossover and the tally
+    assert check_speculative_claims(lines[0], sp, cells()) == 1 + 2 * 4
 
 
 def test_each_engine_reads_its_draft_length_from_its_own_options():

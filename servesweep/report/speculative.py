@@ -75,6 +75,21 @@ def crossover(points: list[tuple[int, str]]) -> str:
     return f"no crossover claimed: C={at} {verdict}" + (f" ({after})" if after else "")
 
 
+def _c_list(cs: list[int]) -> str:
+    cs = [f"C={c}" for c in cs]
+    return cs[0] if len(cs) == 1 else ", ".join(cs[:-1]) + " and " + cs[-1]
+
+
+def tally(points: list[tuple[int, str]]) -> str:
+    """Where the verdicts fall over all of a series' concurrencies, after its crossover: the C called faster (or
+    none) and the C called slower, so that a series whose lowest C is unresolved still says whether it won anywhere.
+    Inconclusive and other verdicts are left out; only verdicts are read."""
+    faster = [c for c, v in points if _faster(v)]
+    slower = [c for c, v in points if v.startswith(decide.SLOWER)]
+    text = "by verdict: " + (f"faster at {_c_list(faster)}" if faster else "faster at no C")
+    return text + (f", slower at {_c_list(slower)}" if slower else "")
+
+
 def _points(g: pd.DataFrame, ratio: str, verdict: str) -> list[str]:
     return [f"C={int(r['concurrency'])}: {ratio_text(r[ratio], r[f'{ratio}_lo'], r[f'{ratio}_hi'])} "
             f"{verdict_words(r[verdict], r.get('blocks_to_decide') if verdict == 'verdict' else None)}"
@@ -262,7 +277,7 @@ def speculative_section(cells: pd.DataFrame, speedup: pd.DataFrame, metas: list[
 def summary_lines(cells: pd.DataFrame, speedup: pd.DataFrame, metas: list[dict]) -> list[str]:
     """The first screen's line on where speculation pays: per speculative config and prompt set, per user and
     throughput, the points up to the crossover (the leading faster ones, and the first that is not) with the
-    crossover the verdicts support."""
+    crossover the verdicts support, then where the verdicts fall over every C (``tally``)."""
     parts = []
     for s in spec_configs(cells, metas):
         series = list(_series(speedup, s.config))
@@ -278,7 +293,7 @@ def summary_lines(cells: pd.DataFrame, speedup: pd.DataFrame, metas: list[dict])
                 shown = g.iloc[sorted({0, len(points) - 1} if first_not is None
                                       else {0, max(first_not - 1, 0), first_not})]
                 parts.append(f"`{s.config}` on {label}, {name}: " + "; ".join(_points(shown, ratio, verdict))
-                             + f" — {crossover(points)}.")
+                             + f" — {crossover(points)}; {tally(points)}.")
     if not parts:
         return []
     return ["**Speculation** — where it pays by the sweep's verdicts (per user matters most at low C, throughput at "
