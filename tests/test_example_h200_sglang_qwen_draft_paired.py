@@ -131,7 +131,8 @@ def test_acceptance_graphs_and_step_costs(repeats, report):
     spec = repeats[repeats["config"] != "ar"]
     accept = spec.groupby(["config", "workload"])["accept_length"].agg(["min", "max"]).round(2)
     cell = cells[cells["config"] != "ar"].groupby(["config", "workload"])["accept_length"].agg(["min", "max"])
-    assert [f"{lo:.2f}–{hi:.2f}" for lo, hi in cell.values] == ["3.57–3.81", "3.16–3.30", "6.15–7.04", "4.81–5.13"]
+    assert [f"{lo:.2f}–{hi:.2f}" for lo, hi in cell.values] == [
+        "3.57–3.81", "3.16–3.30", "6.15–7.04", "4.81–5.13"]
     assert accept.loc[("draft-k4", "humaneval"), "min"] > 3.5
     k4 = spec[(spec["config"] == "draft-k4") & (spec["concurrency"] == 1)].groupby("workload")["accept_length"]
     assert k4.nunique().tolist() == [1, 1]                              # identical in both blocks at C = 1
@@ -139,8 +140,8 @@ def test_acceptance_graphs_and_step_costs(repeats, report):
     assert "a step 25.87 ms against 2.02 ms per plain decode step (12.81×)" in text
     assert "a step 60.98 ms against 9.77 ms per plain decode step (6.24×)" in text
     assert "(16.13×)" in text and "(17.70×)" in text and "(5.96×)" in text
-    assert "25.9–61.0 ms against `ar`'s 2.0–9.8 ms per token (6.2–16.1×), a `draft-k8` step 26.8–58.2 ms (6.0–17.7×)" \
-        in readme()
+    assert ("25.9–61.0 ms against `ar`'s 2.0–9.8 ms per token (6.2–16.1×), a `draft-k8` step 26.8–58.2 ms "
+            "(6.0–17.7×)") in readme()
 
 
 def test_correctness_and_the_first_screen(report):

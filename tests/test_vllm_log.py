@@ -31,6 +31,11 @@ def test_real_0_26_0_log_startup_phases():
         "graph_capture_unfinished": [],
         "engine_init_s": 39.83,
         "ready_at": _stamp("11-30 21:12:39"),  # the last stamped line before uvicorn's unstamped one
+        # "Model Runner V2 does not yet support ngram/ngram_gpu speculative decoding; using the V1 model runner
+        # instead." and the engine process's "Asynchronous scheduling is disabled."
+        "model_runner": "V1", "model_runner_why": "ngram/ngram_gpu speculative decoding", "async_scheduling": False,
+        "execution": "Model Runner V1 (V2 does not support ngram/ngram_gpu speculative decoding), asynchronous "
+                     "scheduling off",
     }
 
 
@@ -114,7 +119,8 @@ def test_startup_section_shows_the_real_log_phases():
     assert line.endswith(
         ". From the log: first log line 28 s after launch, the engine process's 60 s; weights 0.13 s (0.53 GB); "
         "compile 20.98 s; KV cache 6,056,120 tokens; all CUDA-graph capture 3.0 s (backend mixed prefill-decode "
-        "piecewise, decode full); engine init 39.83 s.")
+        "piecewise, decode full); engine init 39.83 s; Model Runner V1 (V2 does not support ngram/ngram_gpu "
+        "speculative decoding), asynchronous scheduling off.")
 
 
 def test_real_0_26_0_metrics_give_the_speculative_counters():
@@ -236,3 +242,56 @@ def test_real_0_26_0_cudagraph_tables():
     # the autoregressive launch of the same run, with the same flag, logged no table: no coverage, not 0
     events, _ = _real_cudagraph("gemma-ar")
     assert _kinds(events, "graph_passes") == [] and len(_kinds(events, "stats")) > 0
+
+
+def _phases_of(path):
+    import gzip
+
+    return ENGINE.startup_phases(ENGINE.parse_log(gzip.open(path, "rt").read()))
+
+
+def test_real_0_26_0_logs_say_which_model_runner_and_scheduling():
+    """vLLM 0.26.0 ran a dense model without speculation on Model Runner V2 with asynchronous scheduling, and fell
+    back to V1 without it for n-gram and for draft-model speculation (the three real logs)."""
+    ar = _phases_of(DATA / "gemma-ar-cudagraph-server.log.gz")
+    assert (ar["model_runner"], ar["async_scheduling"], "model_runner_why" in ar) == ("V2", True, False)
+    assert ar["execution"] == "Model Runner V2, asynchronous scheduling on"
+    ngram = _phases_of(DATA / "gemma-ngram-cudagraph-server.log.gz")
+    assert (ngram["model_runner"], ngram["async_scheduling"]) == ("V1", False)
+    draft = _phases_of(Path(__file__).parent.parent / "examples" / "h200-vllm-qwen-draft-k8" / "runs" / "draft-k8"
+                       / "server.log.gz")
+    assert (draft["model_runner"], draft["model_runner_why"], draft["async_scheduling"]) == (
+        "V1", "speculative method 'draft_model'", False)
+    assert ENGINE.startup_phases(ENGINE.parse_log("")).get("model_runner") is None
+
+
+def test_findings_say_the_configs_ran_differently_and_why_one_has_no_coverage():
+    """The real Gemma pair with `cudagraph_metrics: true` (tests/data/vllm-0.26.0-h200/): the autoregressive launch
+    logged no tables, on the V2 runner; the n-gram one did, on V1. The findings name both facts; a sweep whose
+    configs ran alike gets neither line."""
+    import pandas as pd
+
+    metas = [{"config": cfg, "engine": "vllm", "engine_version": "0.26.0", "options": {"cudagraph_metrics": True},
+              "startup_phases": _phases_of(DATA / f"{cfg}-cudagraph-server.log.gz")}
+             for cfg in ("gemma-ar", "gemma-ngram")]
+    configs = ("gemma-ar", "gemma-ngram")
+    cells = pd.concat([pd.read_csv(DATA / f"{cfg}-cudagraph-cells.csv") for cfg in configs]).copy()
+    cells = cells.assign(cuda_graph_coverage=cells["config"].map({"gemma-ar": float("nan"), "gemma-ngram": 0.9}),
+                         cuda_graph_passes=cells["config"].map({"gemma-ar": float("nan"), "gemma-ngram": 100}))
+    lines = ENGINE.findings(cells, metas)
+    assert lines[0] == ("- vLLM did not run these configs the same way (their start-up logs): `gemma-ar` Model Runner "
+                        "V2, asynchronous scheduling on; `gemma-ngram` Model Runner V1 (V2 does not support "
+                        "ngram/ngram_gpu speculative decoding), asynchronous scheduling off. A ratio between two of "
+                        "them includes that difference as well as the one their options set.")
+    assert lines[1] == ("- `gemma-ar` asked for `cudagraph_metrics`, but vLLM 0.26.0 ran it on Model Runner V2 (its "
+                        "log: \"Using V2 Model Runner\"), which in that release builds none of the per-pass CUDA-graph "
+                        "statistics the option logs (only the V1 runner does), so its cells have no CUDA-graph "
+                        "coverage.")
+    assert lines[2].startswith("- `gemma-ngram`: 90% of the target's forward passes ran in a CUDA graph")
+    alike = [dict(m, startup_phases=metas[1]["startup_phases"]) for m in metas]
+    assert not any("did not run these configs the same way" in x or "Model Runner V2" in x
+                   for x in ENGINE.findings(cells, alike))
+    newer = [dict(metas[0], engine_version="0.27.0")]
+    (line,) = [x for x in ENGINE.findings(cells, newer) if "asked for" in x]
+    assert ("in 0.26.0 that runner builds none of the statistics the option logs, and this release's was not "
+            "read") in line

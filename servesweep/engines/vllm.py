@@ -95,6 +95,17 @@ _GRAPH_ROW = re.compile(r"^(?:\[[\w.]+:\d+\] )?\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\
 STATS_INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"
 # uvicorn's own line, unstamped: "(APIServer pid=2338) INFO:     Application startup complete."
 _READY = "Application startup complete."
+# Which model runner and scheduling the engine chose (0.26.0, tests/data/vllm-0.26.0-h200/*-cudagraph-server.log.gz):
+# "[gpu_worker.py:378] Using V2 Model Runner" for a dense model without speculation; "[vllm.py:584] Model Runner V2
+# does not yet support ngram/ngram_gpu speculative decoding; using the V1 model runner instead." (and "… speculative
+# method 'draft_model'; …") where speculation needs V1; "[vllm.py:1109] Asynchronous scheduling is enabled." / "…
+# disabled." Only the V1 runner builds the per-pass statistics that `--cudagraph-metrics` logs: in 0.26.0
+# `CUDAGraphStat` is made in vllm/v1/worker/gpu_model_runner.py (`_determine_batch_execution_and_padding`) and
+# nowhere under vllm/v1/worker/gpu/, the V2 runner (read in the 0.26.0 wheel).
+RUNNER_READ_IN = "0.26.0"
+_RUNNER_V2 = re.compile(r"Using V2 Model Runner")
+_RUNNER_V1 = re.compile(r"Model Runner V2 does not yet support (.+?); using the V1 model runner instead")
+_ASYNC = re.compile(r"Asynchronous scheduling is (enabled|disabled)\.")
 
 
 def _number(name: str, text: str) -> float | int:
@@ -111,6 +122,14 @@ def _startup_event(msg: str) -> tuple[str, dict] | None:
         return "graph_capture_begin", {"mode": f"{m.group(1)} {m.group(2)}" if m.group(1) else ""}
     if _READY in msg:
         return "ready", {}
+    if _RUNNER_V2.search(msg):
+        return "model_runner", {"runner": "V2"}
+    m = _RUNNER_V1.search(msg)
+    if m:
+        return "model_runner", {"runner": "V1", "why": m.group(1)}
+    m = _ASYNC.search(msg)
+    if m:
+        return "async_scheduling", {"on": m.group(1) == "enabled"}
     return None
 
 
@@ -391,10 +410,15 @@ class VLLMEngine(Engine):
         ready = next((e for e in events if e.kind == "ready"), None)
         if ready is not None and ready.t is not None:
             out["ready_at"] = ready.t
+        out.update(_execution(events))
         return out
 
     def findings(self, cells, metas):
-        """CUDA-graph coverage of the target's forward passes per config, where `cudagraph_metrics` logged it."""
+        """CUDA-graph coverage of the target's forward passes per config, where `cudagraph_metrics` logged it; why a
+        config that asked for it has none; and configs that vLLM ran on different model runners or scheduling."""
+        return _runner_findings(cells, metas) + self._coverage_findings(cells)
+
+    def _coverage_findings(self, cells):
         out = []
         if "cuda_graph_coverage" not in cells:
             return out
@@ -426,6 +450,61 @@ class VLLMEngine(Engine):
         out.update(spec_counter_columns(draft_tokens, accepted, verify))
         out.update(per_position_columns(promtext.by_label(d, METRIC_ACCEPTED_PER_POSITION, "position"), verify))
         return out
+
+
+def _execution(events: list[LogEvent]) -> dict:
+    """``model_runner`` ("V1"/"V2"), ``model_runner_why`` (the reason vLLM gave for V1) and ``async_scheduling``
+    (the last such line, the engine process's) where the log says; ``execution``: the same in words, for the start-up
+    lines of the report."""
+    out: dict = {}
+    runner = next((e for e in reversed(events) if e.kind == "model_runner"), None)
+    if runner is not None:
+        out["model_runner"] = runner.fields["runner"]
+        if runner.fields.get("why"):
+            out["model_runner_why"] = runner.fields["why"]
+    sched = next((e for e in reversed(events) if e.kind == "async_scheduling"), None)
+    if sched is not None:
+        out["async_scheduling"] = sched.fields["on"]
+    words = []
+    if "model_runner" in out:
+        words.append(f"Model Runner {out['model_runner']}"
+                     + (f" (V2 does not support {out['model_runner_why']})" if out.get("model_runner_why") else ""))
+    if "async_scheduling" in out:
+        words.append("asynchronous scheduling " + ("on" if out["async_scheduling"] else "off"))
+    if words:
+        out["execution"] = ", ".join(words)
+    return out
+
+
+def _runner_findings(cells, metas: list[dict]) -> list[str]:
+    """Two things the start-up log says about how vLLM ran each config: configs on different model runners or
+    scheduling (a comparison between them includes that change), and a config that asked for `cudagraph_metrics` on
+    the V2 runner, which builds no CUDA-graph statistics in 0.26.0, so its cells can have no coverage."""
+    out = []
+    how = {}
+    for m in metas:
+        phases = m.get("startup_phases") or {}
+        if phases.get("model_runner") or phases.get("async_scheduling") is not None:
+            how.setdefault(m["config"], (phases.get("model_runner"), phases.get("async_scheduling"),
+                                         phases.get("execution", "")))
+    if len({(r, a) for r, a, _ in how.values()}) > 1:
+        out.append("- vLLM did not run these configs the same way (their start-up logs): "
+                   + "; ".join(f"`{cfg}` {words}" for cfg, (_, _, words) in sorted(how.items()))
+                   + ". A ratio between two of them includes that difference as well as the one their options "
+                   "set.")
+    covered = set(cells.dropna(subset=["cuda_graph_coverage"])["config"]) if "cuda_graph_coverage" in cells else set()
+    for m in metas:
+        phases = m.get("startup_phases") or {}
+        if ((m.get("options") or {}).get("cudagraph_metrics") and phases.get("model_runner") == "V2"
+                and m["config"] not in covered):
+            version = m.get("engine_version") or "?"
+            why = ("which in that release builds none of the per-pass CUDA-graph statistics the option logs (only "
+                   "the V1 runner does), so its cells have no CUDA-graph coverage" if version == RUNNER_READ_IN
+                   else f"and its cells have no CUDA-graph coverage; in {RUNNER_READ_IN} that runner builds none of "
+                   "the statistics the option logs, and this release's was not read")
+            out.append(f"- `{m['config']}` asked for `cudagraph_metrics`, but vLLM {version} ran it on Model Runner "
+                       f"V2 (its log: \"Using V2 Model Runner\"), {why}.")
+    return out
 
 
 def graph_pass_columns(rows: list[dict]) -> dict:

@@ -84,6 +84,8 @@ def startup_section(metas: list[dict]) -> list[str]:
                          + (f" (backend {capture['backend']})" if capture.get("backend") else ""))
         if phases.get("engine_init_s") is not None:
             parts.append(f"engine init {phases['engine_init_s']:.2f} s")
+        if phases.get("execution"):
+            parts.append(phases["execution"])  # how the engine chose to run it, in the engine's words
         if phases.get("max_running_requests") is not None:
             parts.append(f"max running requests {phases['max_running_requests']}"
                          + (" (reset by the engine)" if phases.get("max_running_requests_reset_to") else ""))
