@@ -1,7 +1,6 @@
 """Draft-model speculation on SGLang paired over 2 blocks, one H200, recorded by the pipeline
 (examples/h200-sglang-qwen-draft-paired/): the figures its README states are recomputed from the committed run
 folders, and the report regenerates as committed, with its speculative-decoding section's verdicts and crossover."""
-import json
 import math
 from pathlib import Path
 
@@ -9,18 +8,17 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import rebuilt_example
+from conftest import example_metas, example_readme, example_repeats, rebuilt_example
 
 from servesweep import decide
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-sglang-qwen-draft-paired"
-RUNS = EXAMPLE / "runs"
 CONFIGS = ("ar", "draft-k4", "draft-k8")
 
 
 def readme() -> str:
-    return " ".join((EXAMPLE / "README.md").read_text().split())
+    return example_readme(EXAMPLE)
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +28,12 @@ def report(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repeats():
-    return pd.concat([pd.read_csv(RUNS / cfg / "repeats.csv") for cfg in CONFIGS], ignore_index=True)
+    return example_repeats(EXAMPLE, CONFIGS)
 
 
 @pytest.fixture(scope="module")
 def metas():
-    return {cfg: json.loads((RUNS / cfg / "meta.json").read_text()) for cfg in CONFIGS}
+    return example_metas(EXAMPLE, CONFIGS)
 
 
 def test_the_config_is_the_repository_one_without_ngram():
