@@ -14,6 +14,47 @@ from servesweep.report import FindingsInputs, write_findings
 from servesweep.slo import slos_from_config
 
 
+def _server_log(run: Path) -> str | None:
+    import gzip
+
+    if (run / "server.log").is_file():
+        return (run / "server.log").read_text(errors="replace")
+    if (run / "server.log.gz").is_file():
+        with gzip.open(run / "server.log.gz", "rt", errors="replace") as f:
+            return f.read()
+    return None
+
+
+def metas_with_log_facts(runs: list[Path], scratch: Path) -> list[Path]:
+    """Each run's meta.json path; where its record lacks start-up facts that its engine now reads from the server
+    log (``Engine.log_facts_for_old_runs``) and the run folder has that log, a copy under ``scratch`` with them
+    added (nothing already recorded is changed)."""
+    import json
+
+    from servesweep.engines import engine_names, get_engine
+
+    paths = []
+    for run in runs:
+        meta = json.loads((run / "meta.json").read_text())
+        name = meta.get("engine")
+        keys = get_engine(name).log_facts_for_old_runs if name in engine_names() else ()
+        phases = meta.get("startup_phases") or {}
+        text = _server_log(run) if keys and any(k not in phases for k in keys) else None
+        if text:
+            engine = get_engine(name)
+            found = engine.startup_phases(engine.parse_log(text))
+            added = {k: found[k] for k in keys if k not in phases and k in found}
+            if added:
+                meta["startup_phases"] = {**phases, **added}
+                scratch.mkdir(parents=True, exist_ok=True)
+                path = scratch / f"{run.name}.meta.json"
+                path.write_text(json.dumps(meta))
+                paths.append(path)
+                continue
+        paths.append(run / "meta.json")
+    return paths
+
+
 def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Path, charts: bool = False) -> str:
     """Tables, correctness tables, (with ``charts``) the charts, and FINDINGS.md under ``out`` from ``run_dirs``
     (each a ``results/runs/<cfg>`` folder) of a sweep whose config (schema defaults applied) is ``config``; the host
@@ -37,13 +78,17 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
         write_charts(closed_loop(pd.read_csv(tables.cells)), closed_loop(pd.read_csv(tables.speedup)), baseline,
                      out, capacity_probes=pd.read_csv(probes) if probes.stat().st_size > 1 else None,
                      series=read_series([r / "metrics_series.csv" for r in runs]))
-    inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
-                            throughput_md=tables.throughput_md, speedup=tables.speedup, speedup_md=tables.speedup_md,
-                            energy_md=tables.energy_md, correctness=out / "correctness.csv",
-                            correctness_md=out / "correctness.md", metas=[r / "meta.json" for r in runs],
-                            env_card=env_card, capacity=tables.capacity, capacity_probes=tables.capacity_probes,
-                            series=[r / "metrics_series.csv" for r in runs])
-    return write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"])
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
+                                throughput_md=tables.throughput_md, speedup=tables.speedup,
+                                speedup_md=tables.speedup_md, energy_md=tables.energy_md,
+                                correctness=out / "correctness.csv", correctness_md=out / "correctness.md",
+                                metas=metas_with_log_facts(runs, Path(scratch)), env_card=env_card,
+                                capacity=tables.capacity, capacity_probes=tables.capacity_probes,
+                                series=[r / "metrics_series.csv" for r in runs])
+        return write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"])
 
 
 def report_from_example(example: Path, out: Path | None = None, charts: bool = False) -> str:

@@ -80,6 +80,10 @@ def test_start_up_split_and_the_real_log_parsed(report):
     phases = engine.startup_phases(engine.parse_log((RUNS / "gemma-ngram" / "server.log").read_text()))
     assert phases["compile_s"] == 15.58 and phases["engine_init_s"] == 29.76
     assert phases["kv_cache_tokens"] == 6_056_120
+    # recorded before the runner was read: the rebuild reads it from each run's log, and the findings name the split
+    assert "engine init 14.30 s; Model Runner V2, asynchronous scheduling on." in text
+    assert ("`llama-ngram` Model Runner V1 (V2 does not support ngram/ngram_gpu speculative decoding), asynchronous "
+            "scheduling off. A ratio between two of them includes that difference") in text
 
 
 def test_requests_that_streamed_only_end_of_sequence_tokens():

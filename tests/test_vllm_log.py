@@ -295,3 +295,34 @@ def test_findings_say_the_configs_ran_differently_and_why_one_has_no_coverage():
     (line,) = [x for x in ENGINE.findings(cells, newer) if "asked for" in x]
     assert ("in 0.26.0 that runner builds none of the statistics the option logs, and this release's was not "
             "read") in line
+
+
+def test_a_rebuilt_report_reads_the_runner_from_an_older_runs_log(tmp_path):
+    """examples/h200-vllm/ was recorded before the runner was read from the log: the rebuild adds it to a copy of
+    each vLLM run's meta.json from the run's server.log and changes nothing recorded; a run of another engine, or a
+    vLLM run that has it already, keeps its own meta.json."""
+    import json
+
+    from servesweep.rebuild import metas_with_log_facts
+
+    examples = Path(__file__).parent.parent / "examples"
+    runs = [examples / "h200-vllm" / "runs" / "gemma-ar", examples / "h200-vllm" / "runs" / "gemma-ngram",
+            examples / "h200-sglang-qwen-draft-paired" / "runs" / "ar"]
+    paths = metas_with_log_facts(runs, tmp_path / "scratch")
+    assert paths[2] == runs[2] / "meta.json"
+    for run, path in zip(runs[:2], paths[:2]):
+        assert path.parent == tmp_path / "scratch"
+        old, new = json.loads((run / "meta.json").read_text()), json.loads(path.read_text())
+        assert "model_runner" not in old["startup_phases"]
+        assert {k: v for k, v in new["startup_phases"].items() if k in old["startup_phases"]} == old["startup_phases"]
+        assert {k: v for k, v in new.items() if k != "startup_phases"} == {k: v for k, v in old.items()
+                                                                          if k != "startup_phases"}
+    assert [json.loads(p.read_text())["startup_phases"]["model_runner"] for p in paths[:2]] == ["V2", "V1"]
+    recorded = tmp_path / "recorded"
+    recorded.mkdir()
+    meta = json.loads((runs[0] / "meta.json").read_text())
+    meta["startup_phases"].update({"model_runner": "V2", "model_runner_why": "-", "async_scheduling": True,
+                                   "execution": "as recorded"})
+    (recorded / "meta.json").write_text(json.dumps(meta))
+    (recorded / "server.log").write_text((runs[1] / "server.log").read_text())
+    assert metas_with_log_facts([recorded], tmp_path / "scratch2") == [recorded / "meta.json"]

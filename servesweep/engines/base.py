@@ -176,6 +176,10 @@ class Engine(abc.ABC):
     draft_formats: tuple[str, ...] = ()
     # The JSON body of POST /tokenize: (text field, "add special tokens" field); special tokens are never added.
     tokenize_fields = ("prompt", "add_special_tokens")
+    # ``startup_phases`` keys that a report rebuilt from recorded run folders may read again from the run's server
+    # log where its meta.json predates them (servesweep.rebuild): facts of the whole launch that every launch of a
+    # config shares, never timings.
+    log_facts_for_old_runs: tuple[str, ...] = ()
 
     # --- configuration -----------------------------------------------------------------------------------------
     def series_by_default(self, settings: dict) -> bool:

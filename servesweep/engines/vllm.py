@@ -175,6 +175,7 @@ class VLLMEngine(Engine):
     settings_schema = {"type": "object", "additionalProperties": False,
                        "properties": {"executable": {"type": "string"}, "version": {"type": "string"}}}
     draft_formats = ("hf",)
+    log_facts_for_old_runs = ("model_runner", "model_runner_why", "async_scheduling", "execution")
 
     def cache_dirs(self, env=None):
         # vLLM's torch.compile and CUDA-graph caches, and FlashInfer's JIT kernels where it uses them.
