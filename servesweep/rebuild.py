@@ -35,23 +35,21 @@ def metas_with_log_facts(runs: list[Path], scratch: Path) -> list[Path]:
 
     paths = []
     for run in runs:
-        meta = json.loads((run / "meta.json").read_text())
-        name = meta.get("engine")
-        keys = get_engine(name).log_facts_for_old_runs if name in engine_names() else ()
-        phases = meta.get("startup_phases") or {}
-        text = _server_log(run) if keys and any(k not in phases for k in keys) else None
-        if text:
-            engine = get_engine(name)
-            found = engine.startup_phases(engine.parse_log(text))
-            added = {k: found[k] for k in keys if k not in phases and k in found}
-            if added:
-                meta["startup_phases"] = {**phases, **added}
-                scratch.mkdir(parents=True, exist_ok=True)
-                path = scratch / f"{run.name}.meta.json"
-                path.write_text(json.dumps(meta))
-                paths.append(path)
-                continue
         paths.append(run / "meta.json")
+        meta = json.loads(paths[-1].read_text())
+        engine = get_engine(meta["engine"]) if meta.get("engine") in engine_names() else None
+        phases = meta.get("startup_phases") or {}
+        missing = [k for k in (engine.log_facts_for_old_runs if engine else ()) if k not in phases]
+        text = _server_log(run) if missing else None
+        if not text:
+            continue
+        found = engine.startup_phases(engine.parse_log(text))
+        added = {k: found[k] for k in missing if k in found}
+        if added:
+            meta["startup_phases"] = {**phases, **added}
+            scratch.mkdir(parents=True, exist_ok=True)
+            paths[-1] = scratch / f"{run.name}.meta.json"
+            paths[-1].write_text(json.dumps(meta))
     return paths
 
 

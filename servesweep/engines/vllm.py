@@ -482,15 +482,14 @@ def _runner_findings(cells, metas: list[dict]) -> list[str]:
     scheduling (a comparison between them includes that change), and a config that asked for `cudagraph_metrics` on
     the V2 runner, which builds no CUDA-graph statistics in 0.26.0, so its cells can have no coverage."""
     out = []
-    how = {}
+    how = {}  # config -> its first launch's start-up phases, where the log said how it ran
     for m in metas:
         phases = m.get("startup_phases") or {}
-        if phases.get("model_runner") or phases.get("async_scheduling") is not None:
-            how.setdefault(m["config"], (phases.get("model_runner"), phases.get("async_scheduling"),
-                                         phases.get("execution", "")))
-    if len({(r, a) for r, a, _ in how.values()}) > 1:
+        if phases.get("execution"):
+            how.setdefault(m["config"], phases)
+    if len({(p.get("model_runner"), p.get("async_scheduling")) for p in how.values()}) > 1:
         out.append("- vLLM did not run these configs the same way (their start-up logs): "
-                   + "; ".join(f"`{cfg}` {words}" for cfg, (_, _, words) in sorted(how.items()))
+                   + "; ".join(f"`{cfg}` {p['execution']}" for cfg, p in sorted(how.items()))
                    + ". A ratio between two of them includes that difference as well as the one their options "
                    "set.")
     covered = set(cells.dropna(subset=["cuda_graph_coverage"])["config"]) if "cuda_graph_coverage" in cells else set()
