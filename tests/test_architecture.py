@@ -352,3 +352,19 @@ def test_llamacpp_version_is_spelled_alike_everywhere():
     assert "config.yaml" in pinned and set(pinned.values()) == {DEFAULT_VERSION}, pinned
     readme = (ROOT / "config" / "README.md").read_text()
     assert re.findall(r"`engines\.llamacpp\.version`.*\(default `([^`]+)`\)", readme) == [DEFAULT_VERSION]
+
+
+def test_the_workflow_reads_nothing_under_examples():
+    """The recorded examples are for people and for the example tests: no rule, adapter or library path names
+    examples/ in code (prose may), so the tests that run the pipeline in a copy of the tree can leave the folder out."""
+    hits = []
+    for path in [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))]:
+        hits += [f"{path.relative_to(ROOT)}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
+                 if "examples" in line.split("#")[0]]
+    for path in [*sorted((ROOT / "scripts").glob("*.py")), *sorted(PACKAGE.rglob("*.py"))]:
+        tree = ast.parse(path.read_text())
+        prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}   # docstrings
+        hits += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(tree)
+                 if isinstance(n, ast.Constant) and isinstance(n.value, str) and "examples/" in n.value
+                 and id(n) not in prose]
+    assert not hits, hits

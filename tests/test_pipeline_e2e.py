@@ -16,11 +16,14 @@ from conftest import planned_jobs
 from report_browser import decode_data_uri, find_chromium, render_report
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIP_DIRS = {"results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__"}
+# Generated folders, and the recorded examples: no rule reads examples/ (tests/test_architecture.py checks), and their
+# 115 MB took about 5 s to copy for each test that runs the pipeline in a copy of the tree.
+SKIP_DIRS = {"results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__", "examples"}
 
 
 def copy_tree(dest: Path) -> Path:
-    """The working tree without generated folders: what a fresh clone plus local edits looks like."""
+    """The working tree without generated folders or the recorded examples: what a fresh clone plus local edits looks
+    like to the pipeline."""
     for item in ROOT.iterdir():
         if item.name in SKIP_DIRS or item.name.endswith(".egg-info"):
             continue

@@ -22,7 +22,7 @@ from servesweep.ports import free_port
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue")
 # The working tree's own outputs and caches are not part of the pipeline under test.
-NOT_COPIED = ("results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__")
+NOT_COPIED = ("results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__", "examples")
 # SLURM clients without SLURM_CONF read /etc/slurm/slurm.conf, else this folder's slurm.conf (where a configless
 # slurmd publishes it). The executor strips SLURM_CONF from the srun it runs inside each job, so the test cluster's
 # file is linked here for the duration of the test.
