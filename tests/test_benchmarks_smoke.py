@@ -36,6 +36,7 @@ LOAD_ONLY = {
     "server_fidelity.py": "a running server and its model folder",
     "packing.py": "whole GPU sweeps under snakemake",
     "gguf_conversion_check.py": "llama-server and a converted model folder",
+    "draft_step_cpu.py": "llama-server with a target GGUF and its draft (the Qwen2.5-Coder pair: minutes)",
     "gemma3_tokenizer_from_gguf.py": "the packaged GGUF assembled (hundreds of MB)",
     "sglang_server_fidelity.sh": "an SGLang install and a GPU",
 }
