@@ -142,47 +142,58 @@ def _f32(value) -> float:
     return float(np.format_float_positional(np.float32(value), unique=True, trim="-")) if value else float(value)
 
 
+def _metadata(reader, arch: str):
+    """``need(key)``: the GGUF's ``<arch>.<key>``, or a ConversionError naming the missing key."""
+    def need(key):
+        value = _field(reader, f"{arch}.{key}")
+        if value is None:
+            raise ConversionError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+    return need
+
+
+def _decoder_config(reader, need) -> dict:
+    """The config.json keys that Gemma 3 and Qwen2 GGUFs state alike (``need`` reads ``<arch>.<key>``)."""
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    return {
+        "vocab_size": int(embd.shape[1]),  # GGUF shapes are innermost first: [hidden, vocab]
+        "hidden_size": int(need("embedding_length")),
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": int(need("attention.head_count")),
+        "num_key_value_heads": int(need("attention.head_count_kv")),
+        "max_position_embeddings": int(need("context_length")),
+        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32(need("rope.freq_base")),
+        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
+        "torch_dtype": "bfloat16",
+    }
+
+
 def hf_config(reader) -> tuple[dict, list[str]]:
     """config.json from the GGUF's ``<architecture>.*`` metadata; also the keys filled by assumption."""
     if architecture(reader) == "qwen2":
         return qwen2_config(reader)
 
-    def need(key):
-        value = _field(reader, f"gemma3.{key}")
-        if value is None:
-            raise ConversionError(f"GGUF metadata lacks gemma3.{key}")
-        return value
-
-    n_layers = int(need("block_count"))
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
+    need = _metadata(reader, "gemma3")
+    shared = _decoder_config(reader, need)
+    n_layers, hidden, heads = shared["num_hidden_layers"], shared["hidden_size"], shared["num_attention_heads"]
     head_dim = int(_field(reader, "gemma3.attention.key_length", hidden // heads))
-    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     pattern = GEMMA3_FIXED["sliding_window_pattern"]
     assumed = sorted(GEMMA3_FIXED) + ["query_pre_attn_scalar", "layer_types"]
     config = {
         "architectures": ["Gemma3ForCausalLM"],
         "model_type": "gemma3_text",
-        "vocab_size": int(embd.shape[1]),  # GGUF shapes are innermost first: [hidden, vocab]
-        "hidden_size": hidden,
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_hidden_layers": n_layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(need("attention.head_count_kv")),
+        **shared,
         "head_dim": head_dim,
-        "max_position_embeddings": int(need("context_length")),
-        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(need("rope.freq_base")),
         "sliding_window": int(need("attention.sliding_window")),
         # llama.cpp scales queries by 1/sqrt(head_dim) for every Gemma 3 size but 27B (1/sqrt(hidden/heads)).
         "query_pre_attn_scalar": head_dim,
         "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)],
         "rope_scaling": None,
-        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
         "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id", 2)),
         "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id", 1)),
         "pad_token_id": int(_field(reader, "tokenizer.ggml.padding_token_id", 0)),
-        "torch_dtype": "bfloat16",
     }
     if _field(reader, "gemma3.rope.scaling.type") is not None:
         kind = _field(reader, "gemma3.rope.scaling.type")
@@ -195,35 +206,16 @@ def hf_config(reader) -> tuple[dict, list[str]]:
 
 def qwen2_config(reader) -> tuple[dict, list[str]]:
     """config.json for Qwen2ForCausalLM from the GGUF's ``qwen2.*`` metadata; also the keys filled by assumption."""
-    def need(key):
-        value = _field(reader, f"qwen2.{key}")
-        if value is None:
-            raise ConversionError(f"GGUF metadata lacks qwen2.{key}")
-        return value
-
-    n_layers = int(need("block_count"))
-    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    context = int(need("context_length"))
+    shared = _decoder_config(reader, _metadata(reader, "qwen2"))
     eos = int(_field(reader, "tokenizer.ggml.eos_token_id"))
     config = {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
-        "vocab_size": int(embd.shape[1]),  # GGUF shapes are innermost first: [hidden, vocab]
-        "hidden_size": hidden,
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_hidden_layers": n_layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(need("attention.head_count_kv")),
-        "max_position_embeddings": context,
-        "sliding_window": context,
-        "max_window_layers": n_layers,
-        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(need("rope.freq_base")),
-        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
+        **shared,
+        "sliding_window": shared["max_position_embeddings"],
+        "max_window_layers": shared["num_hidden_layers"],
         "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id", eos)),
         "eos_token_id": eos,
-        "torch_dtype": "bfloat16",
     }
     if _field(reader, "qwen2.rope.scaling.type") not in (None, "none"):
         raise ConversionError(f"qwen2.rope.scaling.type '{_field(reader, 'qwen2.rope.scaling.type')}': rope "
