@@ -5,6 +5,9 @@ recorded GPU examples regenerate their reports with it, and so can anyone holdin
 """
 from __future__ import annotations
 
+import gzip
+import json
+import tempfile
 from pathlib import Path
 
 from servesweep.aggregate import build_tables_in, closed_loop
@@ -15,8 +18,6 @@ from servesweep.slo import slos_from_config
 
 
 def _server_log(run: Path) -> str | None:
-    import gzip
-
     if (run / "server.log").is_file():
         return (run / "server.log").read_text(errors="replace")
     if (run / "server.log.gz").is_file():
@@ -29,8 +30,6 @@ def metas_with_log_facts(runs: list[Path], scratch: Path) -> list[Path]:
     """Each run's meta.json path; where its record lacks start-up facts that its engine now reads from the server
     log (``Engine.log_facts_for_old_runs``) and the run folder has that log, a copy under ``scratch`` with them
     added (nothing already recorded is changed)."""
-    import json
-
     from servesweep.engines import engine_names, get_engine
 
     paths = []
@@ -76,8 +75,6 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
         write_charts(closed_loop(pd.read_csv(tables.cells)), closed_loop(pd.read_csv(tables.speedup)), baseline,
                      out, capacity_probes=pd.read_csv(probes) if probes.stat().st_size > 1 else None,
                      series=read_series([r / "metrics_series.csv" for r in runs]))
-    import tempfile
-
     with tempfile.TemporaryDirectory() as scratch:
         inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
                                 throughput_md=tables.throughput_md, speedup=tables.speedup,

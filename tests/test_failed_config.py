@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import planned_jobs
+from conftest import copy_tree, planned_jobs
 
 from servesweep import bench
 from servesweep.bench import JobInputs, run_launch
@@ -196,7 +196,6 @@ def test_the_report_is_built_from_the_configs_that_finished_and_names_the_failed
 
 
 # --- the pipeline -------------------------------------------------------------------------------------------------
-SKIP = {"results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__", "examples"}
 
 
 def _stand_in(path: Path) -> Path:
@@ -258,7 +257,7 @@ def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.e2e
 def test_a_sweep_with_a_failing_config_still_reports(tmp_path):
     work = tmp_path / "workflow"
-    shutil.copytree(ROOT, work, ignore=lambda _d, names: [n for n in names if n in SKIP or n.endswith(".egg-info")])
+    copy_tree(work)
     (work / "sweep.yaml").write_text(yaml.safe_dump(_pipeline_config(_stand_in(tmp_path / "llama-server"),
                                                                       tmp_path / "flaky-failed-once")))
     run = _snakemake(work, "report")

@@ -7,7 +7,7 @@ import sys
 import yaml
 
 from servesweep.terminal import summary_for_terminal
-from test_pipeline_e2e import copy_tree
+from conftest import copy_tree
 from test_wheel import reduced_default
 
 

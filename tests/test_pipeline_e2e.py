@@ -12,26 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import planned_jobs
+from conftest import copy_tree, planned_jobs
 from report_browser import decode_data_uri, find_chromium, render_report
 
 ROOT = Path(__file__).resolve().parent.parent
-# Generated folders, and the recorded examples: no rule reads examples/ (tests/test_architecture.py checks), and their
-# 115 MB took about 5 s to copy for each test that runs the pipeline in a copy of the tree.
-SKIP_DIRS = {"results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__", "examples"}
-
-
-def copy_tree(dest: Path) -> Path:
-    """The working tree without generated folders or the recorded examples: what a fresh clone plus local edits looks
-    like to the pipeline."""
-    for item in ROOT.iterdir():
-        if item.name in SKIP_DIRS or item.name.endswith(".egg-info"):
-            continue
-        if item.is_dir():
-            shutil.copytree(item, dest / item.name, ignore=shutil.ignore_patterns(*SKIP_DIRS))
-        else:
-            shutil.copy2(item, dest / item.name)
-    return dest
 
 
 def tiny_config() -> dict:

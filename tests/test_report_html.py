@@ -12,7 +12,7 @@ from docutils.core import publish_parts
 from jinja2 import Environment, StrictUndefined
 
 from report_browser import decode_data_uri, link_problem
-from test_pipeline_e2e import copy_tree
+from conftest import copy_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTIONS = sorted((ROOT / "report").rglob("*.rst"))

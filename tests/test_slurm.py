@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import copy_tree
 from servesweep.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue")
-# The working tree's own outputs and caches are not part of the pipeline under test.
-NOT_COPIED = ("results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__", "examples")
 # SLURM clients without SLURM_CONF read /etc/slurm/slurm.conf, else this folder's slurm.conf (where a configless
 # slurmd publishes it). The executor strips SLURM_CONF from the srun it runs inside each job, so the test cluster's
 # file is linked here for the duration of the test.
@@ -191,11 +190,6 @@ def slurm_cluster(tmp_path_factory, request):
     yield env
 
 
-def _copy_repo(dest: Path) -> Path:
-    shutil.copytree(ROOT, dest, ignore=lambda _dir, names: [n for n in names if n in NOT_COPIED])
-    return dest
-
-
 def _flaky_llama_server(path: Path, marker_env: str) -> Path:
     """llama-server that refuses to start once for a server whose environment names a marker file, then is itself."""
     from servesweep.engines.llamacpp_build import build_llama_server
@@ -241,7 +235,7 @@ def _tiny_config(binary: Path, marker_env: str, marker: Path) -> dict:
 
 
 def test_failed_config_is_resubmitted_and_report_completes(slurm_cluster, tmp_path):
-    repo = _copy_repo(tmp_path / "repo")
+    repo = copy_tree(tmp_path / "repo")
     marker_env = "SERVESWEEP_TEST_FAIL_ONCE"
     marker = tmp_path / "ngram-failed-once"
     binary = _flaky_llama_server(tmp_path / "llama-server-flaky", marker_env)
