@@ -27,16 +27,24 @@ draft's processing of the tokens accepted in the step before, sampling, the serv
 import argparse
 import json
 import os
-import re
-import socket
 import statistics
-import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import psutil
 
-METRIC = re.compile(r"^(llamacpp:spec_decode_num_(?:drafts|draft_tokens|accepted_tokens)_total)\s+([0-9.e+]+)", re.M)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from servesweep import promtext  # noqa: E402
+from servesweep.engines.base import LaunchSpec  # noqa: E402
+from servesweep.lifecycle import ServerProcess  # noqa: E402
+from servesweep.ports import free_port  # noqa: E402
+
+# llama-server's speculative counters: verify steps, drafted tokens, accepted tokens.
+SPEC_COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 
 
 def _post(base: str, path: str, payload: dict) -> dict:
@@ -46,10 +54,9 @@ def _post(base: str, path: str, payload: dict) -> dict:
         return json.loads(resp.read())
 
 
-def _metrics(base: str) -> dict:
+def _metrics(base: str) -> str:
     with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return {m.group(1).split("num_")[1].removesuffix("_total"): float(m.group(2)) for m in METRIC.finditer(text)}
+        return resp.read().decode()
 
 
 def _host_busy_s() -> float:
@@ -63,24 +70,29 @@ def _cpu_s(pid: int) -> float:
 
 
 class Server:
+    """llama-server on a free port through the pipeline's own :class:`ServerProcess` (its process group stopped on
+    exit, its log in a temporary folder), ready once /health answers 200; a ``with`` block is one measured phase."""
+
     def __init__(self, binary: str, gguf: str, threads: int, extra: list[str]):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port),
-                                      "-t", str(threads), "-c", "4096", "-np", "1", "--metrics", *extra],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.logs = tempfile.TemporaryDirectory(prefix="draft-step-")
+        port = free_port()
+        argv = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-c", "4096",
+                "-np", "1", "--metrics", *extra]
+        self.server = ServerProcess(LaunchSpec(argv, port=port), Path(self.logs.name) / "server.log", stop_grace_s=20)
+        self.base = self.server.base_url
+        self.server.start()
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: {gguf} {extra}")
+            if not self.server.alive():
+                self.server.stop()
+                raise RuntimeError(f"llama-server exited with {self.server.proc.returncode}: {gguf} {extra}")
             try:
                 with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
                     if r.status == 200:
                         return
             except OSError:
                 time.sleep(0.3)
+        self.server.stop()
         raise RuntimeError("llama-server not ready after 300 s")
 
     def complete(self, prompt, n_predict: int, cache_prompt: bool = False) -> dict:
@@ -88,24 +100,23 @@ class Server:
                                                 "top_k": 1, "cache_prompt": cache_prompt, "ignore_eos": True,
                                                 "return_tokens": True})
 
+    def _own_cpu_s(self) -> float:
+        return _cpu_s(self.server.proc.pid) + _cpu_s(os.getpid())
+
     def __enter__(self):
-        self.t0, self.host0 = time.monotonic(), _host_busy_s()
-        self.own0 = _cpu_s(self.proc.pid) + _cpu_s(os.getpid())
+        self.t0, self.host0, self.own0 = time.monotonic(), _host_busy_s(), self._own_cpu_s()
         return self
 
     def load(self) -> dict:
         """The phase so far: its wall time, and the CPU time of the other processes on the host (everything busy
         but this server and this client), as a share of the host's cores: what was measured beside a neighbour."""
         wall = time.monotonic() - self.t0
-        others = _host_busy_s() - self.host0 - (_cpu_s(self.proc.pid) + _cpu_s(os.getpid()) - self.own0)
+        others = _host_busy_s() - self.host0 - (self._own_cpu_s() - self.own0)
         return {"wall_s": round(wall, 1), "others_cpu_share": round(max(0.0, others) / (wall * psutil.cpu_count()), 3)}
 
     def __exit__(self, *_):
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        self.server.stop()
+        self.logs.cleanup()
 
 
 def main() -> int:
@@ -143,7 +154,9 @@ def main() -> int:
             after = _metrics(srv.base)
             load[name] = srv.load()
             print(json.dumps({"server": name, **load[name]}), flush=True)
-        return per_token, completions, {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        counted = promtext.delta(before, after)
+        return per_token, completions, {k: promtext.total(counted, f"llamacpp:spec_decode_num_{k}_total") or 0.0
+                                        for k in SPEC_COUNTERS}
 
     target_ms, target_tokens, _ = decode_rates("target", args.target, [])
     draft_ms, _, _ = decode_rates("draft", args.draft, [])
