@@ -1,7 +1,11 @@
 import contextlib
 import copy
+import fcntl
+import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,66 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+# The suite runs on two workers (pytest-xdist; `addopts` in pyproject.toml), each test file on one of them. A test runs
+# alone on the host unless its module is marked `shares_host`: the tests that launch servers, time windows, measure
+# or look at the host's processes keep the host to themselves, so that the pipeline's busy-host check and every timed
+# assertion see what they would see in a serial run. Tests marked `shares_host` run beside each other. Two lock files
+# give that: a test that shares holds the host lock shared, one that runs alone holds it exclusively, and a gate taken
+# first keeps tests that share from starting while one that runs alone waits for the host (no starving it).
+TURNS = "SERVESWEEP_TEST_TURNS"  # the lock files' folder, made by the controlling process for its workers
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and (config.getoption("numprocesses", None) or 0) > 0:
+        os.environ[TURNS] = tempfile.mkdtemp(prefix="servesweep-test-turns-")  # the workers start after this
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput") and TURNS in os.environ:
+        shutil.rmtree(os.environ.pop(TURNS), ignore_errors=True)
+
+
+def _host_locks() -> tuple[Path, Path] | None:
+    folder = os.environ.get(TURNS)
+    if not folder:
+        return None  # one process: nothing runs beside the test
+    return Path(folder) / "gate.lock", Path(folder) / "host.lock"
+
+
+@contextlib.contextmanager
+def _turn_on_the_host(shares: bool):
+    locks = _host_locks()
+    if locks is None:
+        yield
+        return
+    with open(locks[0], "a") as gate, open(locks[1], "a") as host:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(host, fcntl.LOCK_SH if shares else fcntl.LOCK_EX)
+        finally:
+            if shares:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(host, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files whose tests all share the host first, in their order: the two workers run them side by side, then
+    the files with a test that runs alone follow (one at a time where they do)."""
+    alone = {item.path for item in items if item.get_closest_marker("shares_host") is None}
+    items.sort(key=lambda item: item.path in alone)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Set-up, call and tear-down (module and session fixtures included) inside the test's turn on the host."""
+    with _turn_on_the_host(item.get_closest_marker("shares_host") is not None):
+        return (yield)
+
+
 # Generated folders and caches, and the recorded examples: no rule reads examples/ (tests/test_architecture.py checks),
 # and their 115 MB took about 5 s to copy for each test that runs the pipeline in a copy of the tree.
 NOT_COPIED = {"results", "resources", "logs", ".snakemake", ".git", ".pytest_cache", "__pycache__", "examples"}
@@ -20,8 +84,6 @@ NOT_COPIED = {"results", "resources", "logs", ".snakemake", ".git", ".pytest_cac
 def copy_tree(dest: Path) -> Path:
     """The working tree without generated folders or the recorded examples: what a fresh clone plus local edits looks
     like to the pipeline."""
-    import shutil
-
     shutil.copytree(ROOT, dest, dirs_exist_ok=True,
                     ignore=lambda _dir, names: [n for n in names if n in NOT_COPIED or n.endswith(".egg-info")])
     return dest

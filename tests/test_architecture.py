@@ -5,7 +5,11 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from servesweep.engines import engine_names
+
+pytestmark = pytest.mark.shares_host
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "servesweep"

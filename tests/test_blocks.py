@@ -3,8 +3,11 @@ import json
 import math
 
 import pandas as pd
+import pytest
 
 from servesweep.blocks import LaunchFiles, cells_over_blocks, collect
+
+pytestmark = pytest.mark.shares_host
 
 
 def _round(block, rnd, value, c=1):

@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.shares_host
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,6 +17,8 @@ import pytest
 from fake_sdist import fake_llama_sdist
 from servesweep import bundle
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -5,12 +5,15 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from servesweep import charts
 from servesweep.chart_registry import CHARTS, SECTIONS, charts_in
 from servesweep.report import charts_section
 
 from conftest import ROOT
+
+pytestmark = pytest.mark.shares_host
 
 
 def test_every_chart_has_its_function_its_caption_and_one_place():

@@ -11,6 +11,8 @@ from conftest import loopback_app
 
 from servesweep.loadgen import LoadSpec, Prompt, run_load
 
+pytestmark = pytest.mark.shares_host
+
 ROLE_S = 0.005      # the role-only chunk: no token
 TTFT_S = 0.06       # the first reasoning token
 GAP_S = 0.01

@@ -4,6 +4,7 @@ import asyncio
 import math
 
 import pandas as pd
+import pytest
 import yaml
 
 from servesweep import bench
@@ -11,6 +12,8 @@ from servesweep.config import check_config
 from servesweep.plan import Matrix, ServerConfig
 
 from pathlib import Path
+
+pytestmark = pytest.mark.shares_host
 
 ROOT = Path(__file__).resolve().parent.parent
 

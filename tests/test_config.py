@@ -6,6 +6,8 @@ from servesweep.config import ConfigError, Matrix, ServerConfig, check_config
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.shares_host
+
 
 def problems_of(config):
     with pytest.raises(ConfigError) as info:

@@ -8,6 +8,8 @@ from scipy import stats as sps
 
 from servesweep import decide
 
+pytestmark = pytest.mark.shares_host
+
 
 def test_paired_interval_is_the_t_interval_of_the_block_log_ratios():
     a = {0: 100.0, 1: 90.0, 2: 110.0, 3: 95.0}

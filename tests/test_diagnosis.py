@@ -3,6 +3,8 @@ import pytest
 
 from servesweep import diagnosis as dg
 
+pytestmark = pytest.mark.shares_host
+
 
 def cell(**kw) -> dict:
     row = {"gpu_telemetry": "nvml", "gpu_count": 1, "gpu_power_limit_w": 700.0}

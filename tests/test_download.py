@@ -14,8 +14,9 @@ import pytest
 from servesweep import download
 from servesweep.download import Aria2Daemon, DownloadError, RemoteFile, aria2_options, fetch
 
-pytestmark = pytest.mark.skipif(shutil.which("aria2c") is None,
-                                reason="aria2c not installed (./setup.sh or apt-get install aria2 provides it)")
+pytestmark = [pytest.mark.skipif(shutil.which("aria2c") is None,
+                                 reason="aria2c not installed (./setup.sh or apt-get install aria2 provides it)"),
+              pytest.mark.shares_host]
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOKEN = "hf_test_token_not_real"

@@ -6,6 +6,8 @@ import pytest
 
 from servesweep import dummy_model
 
+pytestmark = pytest.mark.shares_host
+
 pytest.importorskip("tokenizers")
 
 SAMPLE = "def área(r):\n    return 3.14159 * r ** 2  # 🌍 tabs\tand ünïcode\n"

@@ -14,6 +14,8 @@ from servesweep.config import ServerConfig
 from servesweep.engines import all_engines, engine_names, get_engine
 from servesweep.engines.base import Engine
 
+pytestmark = pytest.mark.shares_host
+
 
 def _sc(engine, options, model_format="gguf"):
     config = {"models": {"m": {"source": {"local": "/m"}, "format": model_format}},

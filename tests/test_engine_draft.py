@@ -11,6 +11,8 @@ from servesweep.config import ConfigError, ServerConfig, check_config
 from servesweep.engines import get_engine
 from servesweep.speculation import failed_speculation_configs, speculation_status
 
+pytestmark = pytest.mark.shares_host
+
 DATA = Path(__file__).parent / "data" / "llamacpp-0.3.36-draft"
 SGLANG_FLAGS = set(json.loads((Path(__file__).parent / "data" / "sglang-flags-0.5.17.json").read_text())["flags"])
 DRAFT = Path("/models/qwen-0.5b")

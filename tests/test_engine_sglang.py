@@ -15,6 +15,8 @@ from servesweep.engines import get_engine
 from servesweep.engines.sglang import flag_problems, server_identity
 from benchmarks.sglang_flags import fields_from_log, flags_from_source
 
+pytestmark = pytest.mark.shares_host
+
 DATA = Path(__file__).parent / "data" / "sglang-0.5.17-h200"
 SNAPSHOTS = Path(__file__).parent / "data"
 ENGINE = get_engine("sglang")

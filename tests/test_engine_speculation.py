@@ -12,6 +12,8 @@ from servesweep.engines import get_engine
 from servesweep.engines.base import SPEC_COLUMNS
 from servesweep.speculation import speculation_status
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 SGLANG_DATA = Path(__file__).parent / "data" / "sglang-0.5.17-h200"
 SGLANG_EXAMPLE = ROOT / "examples" / "h200-sglang" / "runs"

@@ -2,8 +2,12 @@
 import time
 from pathlib import Path
 
+import pytest
+
 from servesweep.config import ServerConfig
 from servesweep.engines import get_engine
+
+pytestmark = pytest.mark.shares_host
 
 ENGINE = get_engine("vllm")
 

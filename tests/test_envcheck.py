@@ -6,6 +6,8 @@ import pytest
 from servesweep import envcheck
 from servesweep.envcheck import check_host, raise_for_blockers, render_card
 
+pytestmark = pytest.mark.shares_host
+
 SGLANG_8 = {"engines": ["sglang"], "max_gpus": 8, "models": {}}
 SGLANG_1 = {"engines": ["sglang"], "max_gpus": 1, "models": {}}
 CPU_ONLY = {"engines": ["llamacpp"], "max_gpus": 0, "models": {}}

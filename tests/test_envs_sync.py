@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 ENV_FILE = ROOT / "envs" / "servesweep.yaml"
 # A conda match spec as an environment file writes it: name, then an optional version constraint.

@@ -9,6 +9,8 @@ import pytest
 
 from servesweep.rebuild import report_from_example
 
+pytestmark = pytest.mark.shares_host
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "2xh200-sglang-moe"
 LAYOUTS = {"tp2": (2, 1, 1, 1), "ep2": (2, 2, 1, 1), "dp2": (1, 1, 2, 1), "pp2": (1, 1, 1, 2)}
 

@@ -9,6 +9,8 @@ import pytest
 import yaml
 from conftest import rebuilt_example
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cpu-qwen-draft"
 RUNS = EXAMPLE / "runs"

@@ -11,6 +11,8 @@ import pytest
 from servesweep.engines.sglang import SGLangEngine, parse_sglang_log
 from servesweep.rebuild import report_from_example
 
+pytestmark = pytest.mark.shares_host
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-sglang"
 RUNS = EXAMPLE / "runs"
 

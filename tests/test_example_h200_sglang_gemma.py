@@ -10,6 +10,8 @@ from conftest import rebuilt_example
 
 from servesweep.engines.sglang import SGLangEngine
 
+pytestmark = pytest.mark.shares_host
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-sglang-gemma"
 RUNS = EXAMPLE / "runs"
 

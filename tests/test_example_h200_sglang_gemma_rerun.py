@@ -11,6 +11,8 @@ import yaml
 
 from servesweep.rebuild import report_from_example
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-sglang-gemma-rerun"
 FIRST = ROOT / "examples" / "h200-sglang-gemma"

@@ -17,6 +17,8 @@ from servesweep import diagnosis
 from servesweep.engines.sglang import SGLangEngine
 from servesweep.profiling import folder_breakdown, trace_files
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-sglang-profile"
 RUNS = EXAMPLE / "runs"

@@ -10,6 +10,8 @@ import pytest
 import yaml
 from conftest import example_metas, example_readme, example_repeats, rebuilt_example
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-sglang-qwen-draft"
 CONFIGS = ("ar", "draft-k4")

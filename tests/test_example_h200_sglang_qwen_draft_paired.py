@@ -12,6 +12,8 @@ from conftest import example_metas, example_readme, example_repeats, rebuilt_exa
 
 from servesweep import decide
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-sglang-qwen-draft-paired"
 CONFIGS = ("ar", "draft-k4", "draft-k8")

@@ -12,6 +12,8 @@ from conftest import rebuilt_example
 
 from servesweep import decide
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-sglang-radix"
 RUNS = EXAMPLE / "runs"

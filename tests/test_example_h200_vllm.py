@@ -13,6 +13,8 @@ from conftest import rebuilt_example
 from servesweep.engines import get_engine
 from servesweep.rebuild import report_from_example
 
+pytestmark = pytest.mark.shares_host
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-vllm"
 RUNS = EXAMPLE / "runs"
 CONFIGS = ("gemma-ar", "gemma-ngram", "llama-ar", "llama-ngram")

@@ -13,6 +13,8 @@ from conftest import example_metas, example_readme, example_repeats
 
 from servesweep.rebuild import report_from_example
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "h200-vllm-qwen-draft-k8"
 AR = EXAMPLE / "unpaired-ar"

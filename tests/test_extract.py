@@ -3,6 +3,8 @@ import pytest
 
 from servesweep.correctness.extract import extract, fenced_blocks, normalize
 
+pytestmark = pytest.mark.shares_host
+
 PROMPT = ('from typing import List\n\n\ndef add_all(xs: List[int], k: int) -> List[int]:\n'
           '    """Add k to every element.\n    >>> add_all([1, 2], 3)\n    [4, 5]\n    """\n')
 HELPER_PROMPT = ('def is_even(n: int) -> bool:\n    return n % 2 == 0\n\n\n'

@@ -2,8 +2,11 @@
 import math
 
 import pandas as pd
+import pytest
 
 from servesweep.frontier import frontier_by, on_frontier
+
+pytestmark = pytest.mark.shares_host
 
 
 def points(rows):

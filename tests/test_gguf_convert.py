@@ -18,6 +18,8 @@ from servesweep.download import sha256_file
 from servesweep.gguf_convert import (BLOCK_NAMES, ConversionError, convert, from_bf16_bits, hf_name, to_bf16_bits)
 from servesweep.models import materialise
 
+pytestmark = pytest.mark.shares_host
+
 Q8, F16, F32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS = 64, 2, 1, 32, 128, 2
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"]

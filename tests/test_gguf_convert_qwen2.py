@@ -13,6 +13,8 @@ from servesweep import gguf_convert
 from servesweep.cache import cache_root
 from servesweep.gguf_convert import QWEN2_BLOCK_NAMES, ConversionError, convert, hf_name
 
+pytestmark = pytest.mark.shares_host
+
 Q8, F16, F32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
 HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 128, 2
 HEAD_DIM = HIDDEN // HEADS

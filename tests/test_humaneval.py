@@ -13,6 +13,8 @@ from servesweep.correctness.job import (CorrectnessOutputs, CorrectnessSettings,
                                         skip_reason)
 from servesweep.correctness.sandbox import Limits
 
+pytestmark = pytest.mark.shares_host
+
 
 def test_all_164_problems_load_with_prompt_tests_and_entry_point():
     problems = humaneval.all_problems()

@@ -11,6 +11,8 @@ import pytest
 from fake_sdist import fake_llama_sdist
 from servesweep.engines import llamacpp_build
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from aiohttp import web
 
-from conftest import loopback_app
+from conftest import ROOT, loopback_app
 
 from servesweep import loadgen, stats
 from servesweep.clock import now
@@ -65,6 +65,7 @@ def test_a_worker_process_that_dies_fails_the_load_at_once(tmp_path):
     """A worker that dies before it is ready (here: it runs the parent's __main__ file again, as spawn does, and that
     file needs an object only the parent has — what a Snakemake script without its guard did on an H200) fails the
     load with the exit code within seconds, instead of the parent waiting out the request timeout."""
+    import os
     import subprocess
     import sys
 
@@ -84,7 +85,9 @@ def test_a_worker_process_that_dies_fails_the_load_at_once(tmp_path):
     run = tmp_path / "run.py"
     run.write_text(f"parent_only = 1; __file__ = {str(script)!r}\n"
                    "exec(compile(open(__file__).read(), __file__, 'exec'))\n")
-    done = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=300)
+    # this checkout's servesweep, installed or not (the spawned workers inherit the path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=300, env=env)
     seconds, _, message = done.stdout.strip().partition(" ")
     assert "exited with code 1 before it was ready" in message, (done.stdout, done.stderr[-1500:])
     assert float(seconds) < 60 and "NameError" in done.stderr

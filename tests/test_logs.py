@@ -3,7 +3,11 @@ import logging
 import re
 import sys
 
+import pytest
+
 from servesweep import logs
+
+pytestmark = pytest.mark.shares_host
 
 
 def test_configure_writes_stamped_records_and_stderr_to_the_log(tmp_path, monkeypatch):

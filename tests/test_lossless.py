@@ -10,6 +10,8 @@ from servesweep.correctness.lossless import compare, first_divergence, generate,
 from servesweep.correctness.table import correctness_table, to_markdown, write_correctness_tables
 from servesweep.report import correctness_section
 
+pytestmark = pytest.mark.shares_host
+
 
 @pytest.mark.parametrize("a,b,expected", [
     ([1, 2, 3], [1, 2, 3], None),

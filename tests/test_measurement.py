@@ -19,6 +19,8 @@ from servesweep import decide
 from servesweep.report import anomalies
 from fake_stream import stream_completion
 
+pytestmark = pytest.mark.shares_host
+
 
 def rec(send, first, gap, n, tokens_per_chunk=1, usage=None, error=None):
     chunks = [(first + i * gap, tokens_per_chunk) for i in range(n)]

@@ -5,6 +5,8 @@ import pytest
 
 from servesweep.models import format_problems, materialise
 
+pytestmark = pytest.mark.shares_host
+
 
 def _safetensors(path, header=b'{"__metadata__": {}}'):
     path.write_bytes(len(header).to_bytes(8, "little") + header)

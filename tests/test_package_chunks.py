@@ -12,6 +12,8 @@ from servesweep.config import ConfigError, check_config
 from servesweep.download import DownloadError, assemble_package_chunks, cached_wheel
 from servesweep.models import materialise
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -303,6 +303,7 @@ def test_a_block_measured_on_another_host(workdir, tmp_path):
 @pytest.mark.parametrize("sweep, configs", [("config/kimi-k26-8gpu.yaml", 10), ("config/2xh200-moe.yaml", 4),
                                             ("config/h200-sglang.yaml", 3), ("config/8xh200-kimi-shape.yaml", 7),
                                             ("config/h200-sglang-gemma.yaml", 2)])
+@pytest.mark.shares_host  # plans only
 def test_gpu_sweeps_plan_on_a_machine_without_gpus(tmp_path, sweep, configs):
     wd = copy_tree(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "report", "--cores", "1", f"--configfile={sweep}"],
@@ -312,6 +313,7 @@ def test_gpu_sweeps_plan_on_a_machine_without_gpus(tmp_path, sweep, configs):
     assert rules.count("bench_config") == configs * 4  # design.blocks, default 4
 
 
+@pytest.mark.shares_host  # plans only
 def test_a_dry_run_refuses_a_pool_beyond_humaneval(tmp_path):
     """The sweep that failed on the GPU host after its servers had started (real_text.pool left at 256 with
     humaneval's 164 problems) now stops at `snakemake -n`, naming the key and the fix."""

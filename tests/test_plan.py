@@ -4,11 +4,15 @@ import dataclasses
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from servesweep.bench import HeldHost, JobInputs, launch_meta
 from servesweep.config import check_config
 from servesweep.launch_failure import unlaunched_meta
 from servesweep.plan import (BenchJob, Block, CorrectnessSettings, HostSettings, Matrix, ServerConfig, bench_params,
                              raw_schema)
+
+pytestmark = pytest.mark.shares_host
 
 # The keys of a launch's meta.json as it starts, in order, as the bench job wrote them before it took a typed job.
 LAUNCH_META_KEYS = ["config", "engine", "engine_version", "engine_facts", "argv", "env", "port", "model", "model_path",

@@ -19,6 +19,8 @@ from servesweep.workloads import SharedPrefix, get_workload, intended_hit_rate, 
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.shares_host
+
 DATA = Path(__file__).parent / "data"
 
 

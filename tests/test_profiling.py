@@ -14,6 +14,8 @@ import pytest
 
 from servesweep import profiling
 
+pytestmark = pytest.mark.shares_host
+
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 TRACES = sorted(p for p in FIXTURES.iterdir() if ".trace.json" in p.name)
 

@@ -3,7 +3,11 @@ import logging
 import math
 from types import SimpleNamespace
 
+import pytest
+
 from servesweep.progress import CellProgress, duration, sweep_line
+
+pytestmark = pytest.mark.shares_host
 
 
 def key(ctx, c=1, rep=0, rate=math.nan):

@@ -7,6 +7,8 @@ import pytest
 from servesweep.report import decisions as rd
 from servesweep.report import anomalies
 
+pytestmark = pytest.mark.shares_host
+
 
 def cells(**extra):
     df = pd.DataFrame({

@@ -14,6 +14,8 @@ from jinja2 import Environment, StrictUndefined
 from report_browser import decode_data_uri, link_problem
 from conftest import copy_tree
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 CAPTIONS = sorted((ROOT / "report").rglob("*.rst"))
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 8

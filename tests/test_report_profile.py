@@ -11,6 +11,8 @@ from servesweep.charts import gpu_time_chart, server_state_chart
 from servesweep.chart_registry import chart, has_profiles, has_state_series
 from servesweep.report import profile as rp
 
+pytestmark = pytest.mark.shares_host
+
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 
 

@@ -3,8 +3,11 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from servesweep.report.sessions import sessions_section
+
+pytestmark = pytest.mark.shares_host
 
 
 def rounds(seed=0):

@@ -9,6 +9,8 @@ from report_claims import check_speculative_claims
 from servesweep import decide
 from servesweep.report import speculative as rs
 
+pytestmark = pytest.mark.shares_host
+
 FASTER, SLOWER, INC, EQ = "faster", "slower", "inconclusive", "equivalent within ±5%"
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from servesweep import roofline as rl
 
+pytestmark = pytest.mark.shares_host
+
 GEMMA = {"parameters_b": 0.268, "active_parameters_b": 0.268, "weight_bits": 4.5, "kv_bytes_per_token": 18432}
 H200 = {"name": "NVIDIA H200", "memory_bus_width_bits": 6016, "max_memory_clock_mhz": 3201,
         "memory_bandwidth_gb_s": 4814.304}

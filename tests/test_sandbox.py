@@ -11,6 +11,8 @@ from benchmarks.sandbox_attacks import ATTACKS
 from servesweep.correctness import sandbox
 from servesweep.correctness.sandbox import Limits, run_program, run_tests, sandbox_processes, sandbox_uid
 
+pytestmark = pytest.mark.shares_host
+
 QUICK = Limits(timeout_s=2, cpu_s=5)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid switch, read-only mounts and RLIMIT_NPROC need root")
 CHECK = "\n\ndef check(candidate):\n    assert candidate(2) == 4\n"

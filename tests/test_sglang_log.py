@@ -3,7 +3,11 @@ import math
 import time
 from pathlib import Path
 
+import pytest
+
 from servesweep.engines.sglang import SGLangEngine, parse_sglang_log
+
+pytestmark = pytest.mark.shares_host
 
 DATA = Path(__file__).parent / "data"
 REAL_LOG = (DATA / "sglang-0.5.17-h200" / "sglang_server.log").read_text()

@@ -2,9 +2,12 @@
 import math
 
 import pandas as pd
+import pytest
 
 from servesweep.engines import get_engine
 from servesweep.speculation import SpeculationStatus, failed_speculation_configs, speculation_status
+
+pytestmark = pytest.mark.shares_host
 
 NAN = math.nan
 CELLS = [(128, 1), (128, 8), (128, 64), (512, 1), (512, 8), (512, 64)]

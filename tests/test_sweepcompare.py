@@ -13,6 +13,8 @@ from servesweep.sweepcompare import changelog, compare_folders
 from servesweep.sweepcompare.estimates import BETWEEN, WITHIN
 from servesweep.sweepcompare.runs import differences, load_folder
 
+pytestmark = pytest.mark.shares_host
+
 CELLS = [("sharegpt", 0, 1), ("sharegpt", 0, 16), ("synthetic", 512, 1), ("synthetic", 512, 16)]
 TRUTH = {"ar": 1.0, "ngram": 1.6, "big": 0.9}   # throughput relative to ar; per-request scaled alike
 

@@ -7,6 +7,8 @@ import pytest
 
 from servesweep.terminal import answer_for_terminal, answer_if_written, summary_for_terminal
 
+pytestmark = pytest.mark.shares_host
+
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = sorted(ROOT.glob("examples/*/report/FINDINGS.md"))
 

@@ -12,6 +12,8 @@ from servesweep.plan import BenchJob
 from servesweep.workloads import Trace, generate_trace, read_trace
 from servesweep.workloads.trace import mean_rate, period_s, trace_path
 
+pytestmark = pytest.mark.shares_host
+
 
 def test_the_shipped_trace_is_the_generators():
     shipped = [json.loads(line) for line in trace_path(None).read_text().splitlines()]

@@ -10,6 +10,8 @@ from servesweep.engines.base import usage_vs_engine
 from servesweep.loadgen import usage_problem
 from servesweep.trust import untrusted_configs
 
+pytestmark = pytest.mark.shares_host
+
 
 @pytest.mark.parametrize("reported, chunks, exact, why", [
     (-64, 64, False, "not a whole number"), (64.5, 64, False, "not a whole number"), (True, 1, False, "whole"),

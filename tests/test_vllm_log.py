@@ -2,7 +2,11 @@
 import time
 from pathlib import Path
 
+import pytest
+
 from servesweep.engines import get_engine
+
+pytestmark = pytest.mark.shares_host
 
 ENGINE = get_engine("vllm")
 DATA = Path(__file__).parent / "data" / "vllm-0.26.0-h200"

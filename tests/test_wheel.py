@@ -63,6 +63,7 @@ def _outside_env(python: Path) -> dict:
     return env
 
 
+@pytest.mark.shares_host  # the next test runs the embedded default's sweep: that one keeps the host to itself
 def test_wheel_installs_and_reads_its_data_outside_the_repository(tmp_path, wheel_venv):
     wheel, python = wheel_venv
     shipped = set(zipfile.ZipFile(wheel).namelist())

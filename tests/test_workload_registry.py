@@ -13,6 +13,8 @@ from servesweep.loadgen import Prompt
 from servesweep.plan import BenchJob
 from servesweep.workloads import PromptSets, Workload, get_workload, workload_names
 
+pytestmark = pytest.mark.shares_host
+
 
 @dataclass(frozen=True)
 class EchoPrompts:

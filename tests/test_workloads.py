@@ -11,6 +11,8 @@ from servesweep import workloads
 from servesweep.workloads import sharegpt as sharegpt_module
 from servesweep.correctness.humaneval import all_problems
 
+pytestmark = pytest.mark.shares_host
+
 
 def run(coro):
     return asyncio.run(coro)
