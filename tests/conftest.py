@@ -114,6 +114,29 @@ def example_metas(example: Path, configs) -> dict:
     return {cfg: json.loads((example / "runs" / cfg / "meta.json").read_text()) for cfg in configs}
 
 
+def example_job_times(example: Path, rule: str) -> dict:
+    """Seconds of each job of ``rule`` in a recorded example, from Snakemake's `benchmark:` files, to 0.1 s."""
+    import pandas as pd
+
+    return {p.stem: round(float(pd.read_csv(p, sep="\t")["s"].iloc[0]), 1)
+            for p in (example / "pipeline" / "benchmarks" / rule).glob("*.tsv")}
+
+
+def paired_ratio(repeats, cfg: str, workload: str, conc, column: str = "agg_output_tok_s", baseline: str = "ar",
+                 blocks=(0, 1)) -> tuple[float, float, float]:
+    """The paired estimate of ``cfg`` against ``baseline`` as the rule forms it: the geometric mean over blocks of the
+    launch ratios, with its 95 % t interval over the blocks."""
+    import math
+
+    import numpy as np
+    from scipy import stats
+
+    t = repeats.set_index(["config", "workload", "concurrency", "block"])[column]
+    logs = np.log([t[(cfg, workload, conc, b)] / t[(baseline, workload, conc, b)] for b in blocks])
+    half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
+    return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
+
+
 def rebuilt_example(example: Path, out: Path):
     """A recorded example's report rebuilt under ``out``: (FINDINGS text, cells table, correctness table)."""
     import pandas as pd

@@ -1,14 +1,13 @@
 """Draft-model speculation on SGLang paired over 2 blocks, one H200, recorded by the pipeline
 (examples/h200-sglang-qwen-draft-paired/): the figures its README states are recomputed from the committed run
 folders, and the report regenerates as committed, with its speculative-decoding section's verdicts and crossover."""
-import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import example_metas, example_readme, example_repeats, rebuilt_example
+from conftest import (example_job_times, example_metas, example_readme, example_repeats, paired_ratio,
+                      rebuilt_example)
 
 from servesweep import decide
 
@@ -70,25 +69,14 @@ def test_the_launches_orders_and_ready_times(repeats, metas):
 
 
 def test_the_job_times():
-    bench = EXAMPLE / "pipeline" / "benchmarks"
-    walls = {p.stem: round(float(pd.read_csv(p, sep="\t")["s"].iloc[0]), 1)
-             for p in (bench / "bench_config").glob("*.tsv")}
+    walls = example_job_times(EXAMPLE, "bench_config")
     assert walls == {"ar.b0": 202.4, "draft-k8.b0": 175.3, "draft-k4.b0": 187.8, "draft-k8.b1": 155.1,
                      "draft-k4.b1": 184.1, "ar.b1": 153.1}
-    models = {p.stem: round(float(pd.read_csv(p, sep="\t")["s"].iloc[0]), 1)
-              for p in (bench / "download_model").glob("*.tsv")}
+    models = example_job_times(EXAMPLE, "download_model")
     assert models == {"qwen-coder-1.5b": 11.6, "qwen-coder-1.5b-hf": 43.9, "qwen-coder-0.5b": 4.0,
                       "qwen-coder-0.5b-hf": 19.3}
     assert "19 min 51.4 s" in readme()
 
-
-def _ratio(repeats, cfg, workload, conc, column="agg_output_tok_s"):
-    """The paired estimate as the rule forms it: the geometric mean over blocks of the launch ratios, with its 95 %
-    t interval over the blocks."""
-    t = repeats.set_index(["config", "workload", "concurrency", "block"])[column]
-    logs = np.log([t[(cfg, workload, conc, b)] / t[("ar", workload, conc, b)] for b in (0, 1)])
-    half = 12.706204736 * logs.std(ddof=1) / math.sqrt(2)
-    return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
 
 
 def test_the_ratio_table_of_the_readme_is_the_paired_estimate(repeats):
@@ -98,7 +86,7 @@ def test_the_ratio_table_of_the_readme_is_the_paired_estimate(repeats):
         for workload, name in (("humaneval", "HumanEval"), ("sharegpt", "ShareGPT")):
             cells = []
             for conc in (1, 4, 16, 64):
-                mid, lo, hi = _ratio(repeats, cfg, workload, conc)
+                mid, lo, hi = paired_ratio(repeats, cfg, workload, conc)
                 row = speedup.loc[(cfg, workload, conc)]
                 assert (round(row["speedup"], 2), round(row["speedup_lo"], 2), round(row["speedup_hi"], 2)) == (
                     round(mid, 2), round(lo, 2), round(hi, 2))

@@ -1,14 +1,13 @@
 """Draft-model speculation on vLLM paired over 2 blocks, one H200, recorded by the pipeline
 (examples/h200-vllm-qwen-draft-paired/): the figures its README states are recomputed from the committed run
 folders, and the report regenerates as committed, with its speculative-decoding section's verdicts."""
-import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import example_metas, example_readme, example_repeats, rebuilt_example
+from conftest import (example_job_times, example_metas, example_readme, example_repeats, paired_ratio,
+                      rebuilt_example)
 
 from servesweep import decide
 
@@ -62,22 +61,12 @@ def test_the_launches_orders_ready_and_job_times(repeats, metas):
     config = spec[spec.index("--speculative-config") + 1]
     assert '"method": "draft_model"' in config and '"num_speculative_tokens": 8' in config
     assert "--speculative-config" not in metas["ar"]["argv"]
-    bench = EXAMPLE / "pipeline" / "benchmarks"
-    walls = {p.stem: round(float(pd.read_csv(p, sep="\t")["s"].iloc[0]), 1)
-             for p in (bench / "bench_config").glob("*.tsv")}
+    walls = example_job_times(EXAMPLE, "bench_config")
     assert walls == {"ar.b0": 330.3, "ar.b1": 128.0, "draft-k8.b0": 250.0, "draft-k8.b1": 161.1}
     text = readme()
     assert "`ar` 330.3 s and 128.0 s, `draft-k8` 250.0 s and 161.1 s" in text
     assert "ready after 252.9 s and 61.2 s (`ar`), 129.5 s and 81.5 s (`draft-k8`)" in text
 
-
-def _ratio(repeats, workload, conc, column="agg_output_tok_s"):
-    """The paired estimate as the rule forms it: the geometric mean over blocks of the launch ratios, with its 95 %
-    t interval over the blocks."""
-    t = repeats.set_index(["config", "workload", "concurrency", "block"])[column]
-    logs = np.log([t[("draft-k8", workload, conc, b)] / t[("ar", workload, conc, b)] for b in (0, 1)])
-    half = 12.706204736 * logs.std(ddof=1) / math.sqrt(2)
-    return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
 
 
 def test_the_ratio_table_of_the_readme_is_the_paired_estimate(repeats):
@@ -86,7 +75,7 @@ def test_the_ratio_table_of_the_readme_is_the_paired_estimate(repeats):
     for workload, name in (("humaneval", "HumanEval"), ("sharegpt", "ShareGPT")):
         cells = []
         for conc in (1, 4, 16, 64):
-            mid, lo, hi = _ratio(repeats, workload, conc)
+            mid, lo, hi = paired_ratio(repeats, "draft-k8", workload, conc)
             row = speedup.loc[("draft-k8", workload, conc)]
             assert (round(row["speedup"], 2), round(row["speedup_lo"], 2), round(row["speedup_hi"], 2)) == (
                 round(mid, 2), round(lo, 2), round(hi, 2))
