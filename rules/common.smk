@@ -65,8 +65,9 @@ def get_draft_model_of(wildcards):
 
 
 def get_source_manifests(wildcards):
-    """Manifests of the models a model is built from (`source.gguf_to_hf.model`)."""
-    ref = config["models"][wildcards.model]["source"].get("gguf_to_hf", {}).get("model")
+    """Manifests of the models a model is built from (`source.gguf_to_hf.model`, `source.dummy.target`)."""
+    source = config["models"][wildcards.model]["source"]
+    ref = source.get("gguf_to_hf", {}).get("model") or source.get("dummy", {}).get("target")
     return [f"resources/models/{ref}/manifest.json"] if ref else []
 
 

@@ -175,6 +175,8 @@ def load_cells(cell_paths: list[Path], metas: list[dict]) -> pd.DataFrame:
         meta = metas[df["config"].iloc[0]]
         extra = {f"label_{key}": value for key, value in (meta.get("labels") or {}).items()}
         extra["engine_version"] = meta.get("engine_version")
+        # a simulated acceptance (servesweep.acceptance): the setting beside each cell's measured accept_length
+        extra["simulated_accept_length"] = (meta.get("speculation") or {}).get("simulated_accept_length", math.nan)
         df = pd.concat([df, pd.DataFrame(extra, index=df.index)], axis=1)
         if "repeats" not in df:
             df["repeats"] = 1
@@ -398,6 +400,7 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
     rule = rule or decide.Rule()
     metas = metas or []
     status = speculation_status(cells, metas) if metas else {}
+    simulated = {m.get("config") for m in metas if m.get("speculation")}
     cells, repeats = _keyed(cells), _keyed(repeats)
     copies = replicates(metas)
     untrusted = trust.untrusted_configs(cells)
@@ -441,8 +444,9 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
             "q": t["q"], "mde": t["mde"], "blocks_to_decide": t["blocks_to_decide"],
             "per_request_q": u.get("q", math.nan), "per_request_mde": u.get("mde", math.nan),
             "speculation": ("" if cfg not in status or status[cfg].requested is None else
-                            "ran" if status[cfg].ran else "never drafted" if status[cfg].ran is False
-                            else "not reported"),
+                            ("simulated, " if cfg in simulated else "")
+                            + ("ran" if status[cfg].ran else "never drafted" if status[cfg].ran is False
+                               else "not reported")),
             "verdict": verdict,
             "per_request_verdict": f"left out: {left_out}" if left_out else u.get("verdict", decide.NOT_MEASURABLE),
             "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]

@@ -459,6 +459,8 @@ def launch_meta(job: BenchJob, inputs: JobInputs, engine, spec, port: int, reape
         # the draft's weights are memory the baseline does not hold (the report's speculative-decoding cost)
         meta["draft_model_bytes"] = sum(int(f.get("size") or 0)
                                         for f in inputs.draft_manifest.get("files") or []) or None
+    if sc.simulation is not None:  # an accept length set, not a drafter's: the report says so wherever it shows it
+        meta["speculation"] = sc.simulation.as_dict()
     meta["host_lease"] = {"locks": [p.name for p in held.lease.paths], "waited_s": held.lease.waited_s}
     if inputs.host_warmup:
         meta["host_warmup"] = inputs.host_warmup

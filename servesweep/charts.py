@@ -284,6 +284,10 @@ def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_
     runs' metrics series (``metrics_series.csv``), where there are any."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    names = simulated_names(cells)
+    cells, speedup = renamed(cells, names), renamed(speedup, names)
+    if series is not None:
+        series = renamed(series, names)
     tables = {"cells": cells, "speedup": speedup, "baseline": baseline, "capacity_probes": capacity_probes,
               "series": series if series is not None else pd.DataFrame(columns=["config", "cell", "metric"])}
     written = []
@@ -296,6 +300,22 @@ def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_
         save_chart(globals()[chart.draw](*(tables[key] for key in chart.inputs)), *paths)
         written += paths
     return written
+
+
+def simulated_names(cells: pd.DataFrame) -> dict[str, str]:
+    """{config: its name on a chart} for the configs whose acceptance was simulated (``simulated_accept_length``):
+    every chart that shows one says so in its legend, axis or panel title."""
+    if "simulated_accept_length" not in cells:
+        return {}
+    sims = cells.dropna(subset=["simulated_accept_length"]).groupby("config")["simulated_accept_length"].first()
+    return {cfg: f"{cfg} (simulated acceptance {value:g})" for cfg, value in sims.items()}
+
+
+def renamed(df: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
+    """``df`` with its ``config`` column renamed by ``names`` (a copy; unchanged without names or the column)."""
+    if not names or df is None or "config" not in df:
+        return df
+    return df.assign(config=df["config"].map(lambda c: names.get(c, c)))
 
 
 def save_chart(chart: alt.Chart, png: str | Path, svg: str | Path) -> None:

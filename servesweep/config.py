@@ -12,8 +12,9 @@ import re
 
 import yaml
 
-from servesweep import capacity
+from servesweep import acceptance, capacity
 from servesweep.engines import engine_names, get_engine
+from servesweep.models import dummy_problems
 from servesweep.plan import SCHEMA_RESOURCE, Matrix, ServerConfig, fill_defaults, raw_schema
 from servesweep.workloads import get_workload, workload_names
 
@@ -149,6 +150,8 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
         if name not in configs:
             problems.append((f"slurm.per_config.{name}", "is not a server config",
                              f"name one of: {', '.join(sorted(configs)) or '(none defined)'}"))
+    for name, entry in models.items():
+        problems += dummy_problems(name, entry, models)
     for name, sc in configs.items():
         model = sc.get("model")
         if model not in models:
@@ -167,6 +170,10 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
                 problems.append((f"server_configs.{name}.env.{key}", "is not a valid environment variable name",
                                  "use letters, digits and '_' only"))
+        simulated = acceptance.entry_problems(name, sc.get("speculation"))
+        if simulated:
+            problems += simulated
+            continue
         try:
             engine = get_engine(sc["engine"])
         except KeyError:

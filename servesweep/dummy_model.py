@@ -7,6 +7,9 @@ throughput and power. The text such a model writes is meaningless, and so are ac
     python -m servesweep.dummy_model --arch llama-dense --out resources/models/llama-1b-dummy
     python -m servesweep.dummy_model --arch moe --out resources/models/moe-dummy --experts 32 --experts-per-token 4
     python -m servesweep.dummy_model --arch kimi-k2 --out resources/models/kimi-k2-24l-dummy --tokenizer-vocab 32000
+    python -m servesweep.dummy_model --preset dense-13b --out resources/models/dense-13b-dummy
+    python -m servesweep.dummy_model --drafter dflash --target resources/models/dense-13b-dummy \
+        --out resources/models/dense-13b-dflash-dummy
 
 The tokenizer is a byte-level BPE trained with the ``tokenizers`` library on local text (by default this Python's
 own standard-library sources), so every string round-trips and nothing is fetched. ``--weights`` also writes random
@@ -67,6 +70,27 @@ DEFAULTS = {
                 "shared_experts": 1, "first_k_dense": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
                 "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
 }
+# Deployment-size targets for one 80 GB GPU (bf16 random weights, room left for the KV cache and CUDA graphs): the
+# memory-bound regime users serve, where a decode step streams every weight once (docs/speculation.md).
+PRESETS = {
+    # Llama layout at about 13 B: 12.91 B parameters, 25.8 GB in bf16, 160 KiB of KV cache per token (8 KV heads).
+    "dense-13b": ("llama-dense", {"hidden": 5120, "layers": 40, "heads": 40, "kv_heads": 8, "intermediate": 16384,
+                                  "vocab": 32000, "max_position": 32768}),
+    # The reference model's family (DeepSeek-V3 / Kimi-K2 layout: MLA, shared + fine-grained routed experts,
+    # sigmoid top-k) cut to DeepSeek-V2-Lite's sizes: 15.75 B parameters, 2.70 B active per token, 31.5 GB in bf16,
+    # 30 KiB of MLA cache per token. Random routers send most tokens to a few experts: serve it with SGLang's
+    # SGLANG_SIMULATE_UNIFORM_EXPERTS=1 or vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random.
+    "mla-moe-16b": ("kimi-k2", {"hidden": 2048, "layers": 27, "heads": 16, "kv_heads": 16, "intermediate": 10944,
+                                "experts": 64, "experts_per_token": 6, "moe_intermediate": 1408, "shared_experts": 2,
+                                "first_k_dense": 1, "vocab": 102400, "max_position": 32768}),
+}
+# Random-weight drafters written from a target's config.json (``--drafter``): what SGLang (and vLLM) load as
+# draft models under --load-format dummy. A drafter of random weights drafts noise: serve it with a simulated
+# acceptance (servesweep.acceptance), which makes its cost real and its acceptance the setting.
+DRAFTERS = ("dflash", "eagle3", "standalone")
+DFLASH_BLOCK_SIZE = 16  # z-lab's DFlash drafters' block
+DFLASH_LAYERS = 5  # z-lab's Qwen3-4B / 8B drafters
+STANDALONE_SHAPE = {"hidden": 1024, "layers": 12, "heads": 16, "kv_heads": 4, "intermediate": 2816}
 KIMI_K2_LAYERS = 61  # the real model's layer count
 # Kimi K2's YaRN rope scaling (first Kimi-K2-Instruct release: factor 32 over 4096 positions = 131072).
 KIMI_K2_ROPE_SCALING = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
@@ -244,6 +268,100 @@ def parameter_count(shape: Shape) -> tuple[int, int]:
     return outer + shape.layers * total_layer, outer + shape.layers * active_layer
 
 
+def preset_shape(name: str, **overrides) -> Shape:
+    """The shape of preset ``name`` (``PRESETS``) with any non-None ``overrides``."""
+    if name not in PRESETS:
+        raise ValueError(f"--preset {name!r}: use one of {', '.join(PRESETS)}")
+    arch, sizes = PRESETS[name]
+    return shape_for(arch, **{**sizes, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def dflash_target_layers(target_layers: int, draft_layers: int) -> list[int]:
+    """The target layers whose hidden states a DFlash drafter reads: SGLang's own default spacing
+    (``build_target_layer_ids`` in srt/speculative/dflash_utils.py: from layer 1 to layer L - 3, evenly), so every
+    id is below the target's layer count."""
+    if draft_layers == 1:
+        return [target_layers // 2]
+    start, end = 1, target_layers - 3
+    if end < start:
+        raise ValueError(f"a DFlash drafter needs a target of at least 4 layers, got {target_layers}")
+    return [int(round(start + i * (end - start) / (draft_layers - 1))) for i in range(draft_layers)]
+
+
+def _target_head_dim(target: dict) -> int:
+    return int(target.get("head_dim") or target.get("v_head_dim") or target["hidden_size"] // target["num_attention_heads"])
+
+
+def drafter_config(kind: str, target: dict, layers: int | None = None, block_size: int = DFLASH_BLOCK_SIZE,
+                   mask_token_id: int | None = None) -> dict:
+    """``config.json`` of a random-weight drafter of ``kind`` for the target whose ``config.json`` is ``target``.
+
+    * ``dflash``: ``DFlashDraftModel`` (``model_type: qwen3``, as z-lab's drafters), the target's hidden size, its
+      own ``layers`` (5) with the target's head shape, and ``dflash_config`` (block size, the target layers it reads,
+      the mask token: the target's pad token, an id inside its vocabulary). No embedding or LM head: it borrows
+      the target's.
+    * ``eagle3``: ``LlamaForCausalLMEagle3``, one layer, ``draft_vocab_size = vocab_size`` (the draft-to-target
+      vocabulary map is loaded only with real weights).
+    * ``standalone``: a small Llama of the target's vocabulary (``STANDALONE_SHAPE``), which a tokenizer copied from
+      the target makes a draft model of the same tokenizer.
+    """
+    hidden, vocab = int(target["hidden_size"]), int(target["vocab_size"])
+    heads = int(target["num_attention_heads"])
+    kv_heads = int(target.get("num_key_value_heads") or heads)
+    if target.get("kv_lora_rank"):  # MLA: no per-head K/V to copy; a drafter of GQA heads of the value size
+        kv_heads = max(1, heads // 4)
+    head_dim = _target_head_dim(target)
+    common = {"vocab_size": vocab, "max_position_embeddings": int(target.get("max_position_embeddings", 8192)),
+              "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+              "initializer_range": 0.02, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+              "bos_token_id": target.get("bos_token_id"), "eos_token_id": target.get("eos_token_id"),
+              "pad_token_id": target.get("pad_token_id")}
+    if kind == "dflash":
+        n = layers or DFLASH_LAYERS
+        mask = mask_token_id if mask_token_id is not None else target.get("pad_token_id", 0)
+        if not 0 <= int(mask) < vocab:
+            raise ValueError(f"mask token id {mask} is outside the target's vocabulary of {vocab}")
+        return {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", **common, "hidden_size": hidden,
+                "num_hidden_layers": n, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                "head_dim": head_dim, "intermediate_size": int(target.get("intermediate_size") or 4 * hidden),
+                "rope_theta": 1_000_000.0, "layer_types": ["full_attention"] * n, "max_window_layers": n,
+                "use_sliding_window": False, "sliding_window": None,
+                "num_target_layers": int(target["num_hidden_layers"]), "block_size": block_size,
+                "dflash_config": {"block_size": block_size, "mask_token_id": int(mask),
+                                  "target_layer_ids": dflash_target_layers(int(target["num_hidden_layers"]), n)}}
+    if kind == "eagle3":
+        return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **common, "hidden_size": hidden,
+                "num_hidden_layers": layers or 1, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                "head_dim": head_dim, "intermediate_size": int(target.get("intermediate_size") or 4 * hidden),
+                "rope_theta": 1_000_000.0, "rope_scaling": None, "draft_vocab_size": vocab,
+                "target_hidden_size": hidden, "mlp_bias": False, "pretraining_tp": 1}
+    if kind == "standalone":
+        shape = shape_for("llama-dense", **{**STANDALONE_SHAPE, "layers": layers or STANDALONE_SHAPE["layers"],
+                                            "vocab": vocab, "max_position": common["max_position_embeddings"]})
+        return model_config(shape)
+    raise ValueError(f"--drafter {kind!r}: use one of {', '.join(DRAFTERS)}")
+
+
+def write_drafter_dir(out: Path, kind: str, target_dir: Path, layers: int | None = None,
+                      block_size: int = DFLASH_BLOCK_SIZE) -> dict:
+    """Write a random-weight drafter for the model in ``target_dir`` to ``out`` (``config.json``; a standalone draft
+    model also gets the target's tokenizer files, which SGLang and vLLM check against the target's); return a
+    summary with its ``models:`` entry's architecture."""
+    out, target_dir = Path(out), Path(target_dir)
+    target = json.loads((target_dir / "config.json").read_text())
+    config = drafter_config(kind, target, layers, block_size)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if kind == "standalone":
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+            if (target_dir / name).exists():
+                (out / name).write_bytes((target_dir / name).read_bytes())
+    summary = {"path": str(out), "drafter": kind, "target": str(target_dir)}
+    if kind == "dflash":
+        summary["dflash_config"] = config["dflash_config"]
+    return summary
+
+
 def default_corpus() -> list[Path]:
     """This interpreter's standard-library Python sources: plenty of text, present on every host."""
     return sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
@@ -340,7 +458,14 @@ def write_model_dir(out: Path, shape: Shape, corpus: list[Path] | None = None, c
 def main(argv: list[str] | None = None) -> int:
     """Command line: write the model directory and print its summary and a ``models:`` entry."""
     parser = argparse.ArgumentParser(prog="python -m servesweep.dummy_model", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", required=True, choices=ARCHITECTURES)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--arch", choices=ARCHITECTURES)
+    what.add_argument("--preset", choices=tuple(PRESETS), help="a deployment-size target (sizes: PRESETS; any size "
+                      "flag overrides one)")
+    what.add_argument("--drafter", choices=DRAFTERS, help="a random-weight drafter for --target's config.json")
+    parser.add_argument("--target", type=Path, help="with --drafter: the target model directory")
+    parser.add_argument("--block-size", type=int, default=DFLASH_BLOCK_SIZE, help="with --drafter dflash: tokens "
+                        "per block (default 16)")
     parser.add_argument("--out", required=True, type=Path, help="model directory to write")
     for flag in ("hidden", "layers", "heads", "kv-heads", "intermediate", "experts", "experts-per-token",
                  "moe-intermediate", "shared-experts", "first-k-dense", "q-lora-rank", "kv-lora-rank",
@@ -358,6 +483,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", action="store_true", help="also write random bf16 safetensors "
                         "(needs torch and transformers)")
     args = parser.parse_args(argv)
+    if args.drafter:
+        if args.target is None:
+            parser.error("--drafter needs --target (the target model directory)")
+        try:
+            summary = write_drafter_dir(args.out, args.drafter, args.target, args.layers, args.block_size)
+        except (ValueError, KeyError, OSError) as exc:
+            parser.error(str(exc))
+        print(json.dumps(summary, indent=2))
+        print(f"\nmodels entry:\n  {args.out.name}:\n    source: {{local: {args.out.resolve()}}}\n    load_format: "
+              "dummy", file=sys.stderr)
+        return 0
+    arch = PRESETS[args.preset][0] if args.preset else args.arch
     sizes = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
                  intermediate=args.intermediate, experts=args.experts, experts_per_token=args.experts_per_token,
                  moe_intermediate=args.moe_intermediate, vocab=args.vocab, max_position=args.max_position)
@@ -365,13 +502,13 @@ def main(argv: list[str] | None = None) -> int:
                      q_lora_rank=args.q_lora_rank, kv_lora_rank=args.kv_lora_rank,
                      qk_nope_head_dim=args.qk_nope_head_dim, qk_rope_head_dim=args.qk_rope_head_dim,
                      v_head_dim=args.v_head_dim)
-    if args.arch in MLA_ARCHITECTURES:
+    if arch in MLA_ARCHITECTURES:
         sizes.update(mla_sizes)
     elif any(v is not None for v in mla_sizes.values()):
         parser.error(f"--{'/--'.join(k.replace('_', '-') for k, v in mla_sizes.items() if v is not None)}: only for "
                      f"--arch {', '.join(MLA_ARCHITECTURES)}")
     try:
-        shape = shape_for(args.arch, **sizes)
+        shape = preset_shape(args.preset, **sizes) if args.preset else shape_for(arch, **sizes)
     except ValueError as exc:
         parser.error(str(exc))
     if args.tokenizer_vocab is not None and args.tokenizer_vocab <= 0:

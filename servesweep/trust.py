@@ -4,13 +4,18 @@ A config is untrusted when it had no successful request at all ("failed"), or wh
 systematically: its usage counts were impossible in a share of its requests (``usage_mismatch_requests``), exceeded
 the engine's own token counter (``usage_engine_mismatch``), or — where the engine reported no speculation — carried
 far more tokens per streamed chunk than one decode step makes (``usage_tokens_per_chunk``). Its throughput would
-rest on numbers the server made up, so the report leaves it out of every ranking.
+rest on numbers the server made up, so the report leaves it out of every ranking. So is a config that set a
+simulated acceptance (``simulated_accept_length``) whose measured accept length does not show it ("simulation not in
+effect", ``servesweep.acceptance``): its speed is not that of the acceptance it claims.
 """
 from __future__ import annotations
 
 import math
 
 import pandas as pd
+
+from servesweep import acceptance
+from servesweep.engines.base import cell_label
 
 # Requests with an impossible usage count, as a share of a config's measured requests, from which the disagreement
 # is systematic rather than one odd stream.
@@ -59,6 +64,13 @@ def untrusted_configs(cells: pd.DataFrame) -> dict[str, str]:
             out[cfg] = (f"token counts disagree: usage exceeds the engine's own /metrics token counter in "
                         f"{len(over_engine)} of {len(rows)} cell(s) (usage_engine_mismatch)")
             continue
+        simulated = _num(rows[0].get("simulated_accept_length"))
+        if not math.isnan(simulated):
+            reason = acceptance.not_in_effect_reason(
+                simulated, [(cell_label(r), _num(r.get("accept_length"))) for r in rows])
+            if reason:
+                out[cfg] = reason
+                continue
         inflated = [r for r in rows if not _speculated(r)
                     and _num(r.get("usage_tokens_per_chunk")) > TOKENS_PER_CHUNK_MAX]
         if inflated:

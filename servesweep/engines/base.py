@@ -196,6 +196,8 @@ class Engine(abc.ABC):
         if problems:
             return problems
         problems = self.engine_problems(sc, matrix)
+        if sc.simulation is not None:
+            problems += self.simulation_problems(sc)
         if matrix is not None:
             problems += self.context_problems(sc, matrix)
         world = self.world_size(sc.options)
@@ -334,6 +336,47 @@ class Engine(abc.ABC):
         (and its ``draft_model``) set it; None where they leave it to the engine's default or ask for no speculative
         decoding."""
         return None
+
+    def accept_length_ceiling(self, options: dict, draft_model: str | None = None) -> int | None:
+        """The most tokens one verify step can commit (the drafted ones and the bonus token), as the structured
+        options set it; None where they leave it to the engine or a drafter's config, or ask for no speculation."""
+        return None
+
+    # Whether the engine can simulate acceptance (``speculation:``, servesweep.acceptance) in some version.
+    simulates_acceptance = False
+
+    def simulation_problems(self, sc: ServerConfig) -> list[Problem]:
+        """Why this engine cannot simulate the acceptance a config sets (``speculation:``): no such feature, no
+        speculative method asked for, a method or version that ignores it, a setting outside [1, ceiling], or the
+        engine's own switches set by hand. The engine-specific checks are ``simulation_method_problems``."""
+        key = f"server_configs.{sc.name}.speculation"
+        if not self.simulates_acceptance:
+            return [(key, f"{self.label} has no simulated acceptance in the versions servesweep knows",
+                     "remove speculation: from this config, or run it on SGLang or vLLM")]
+        method = self.speculation_requested(sc.options, sc.draft_model_name)
+        if method is None:
+            return [(key, "simulates the acceptance of a speculative method, but the config asks for none",
+                     "ask for one in options (and a drafter), or remove speculation:")]
+        length = sc.simulation.accept_length
+        ceiling = self.accept_length_ceiling(sc.options, sc.draft_model_name)
+        problems = self.simulation_method_problems(sc, method)
+        if problems:
+            return problems
+        if ceiling is None:
+            problems.append((f"server_configs.{sc.name}.options",
+                             f"the draft length of {method} is left to the engine, so the simulated accept length "
+                             f"{length:g} cannot be checked against it", "set the draft length in options explicitly"))
+        elif not 1 <= length <= ceiling:
+            problems.append((f"{key}.simulated_accept_length",
+                             f"{length:g} is outside [1, {ceiling}]: one verify step of this config commits at most "
+                             f"{ceiling} tokens (the engine would clamp the setting)",
+                             f"set a value in [1, {ceiling}], or a longer draft"))
+        return problems
+
+    def simulation_method_problems(self, sc: ServerConfig, method: str) -> list[Problem]:
+        """Engine-specific refusals of a simulated acceptance for ``method`` (version, algorithm, hand-set
+        switches). Each engine's ``launch`` switches the simulation on in its own spelling."""
+        return []
 
     # --- preparation and launch --------------------------------------------------------------------------------
     @abc.abstractmethod

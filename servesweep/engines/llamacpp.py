@@ -113,6 +113,8 @@ class LlamaCppEngine(Engine):
         "--log-timestamps": "the log the job parses", "--log-prefix": "the log the job parses",
         "--api-key-file": "unauthenticated requests",
         "--path": "the API routes it calls", "--api-prefix": "the API routes it calls",
+        "--spec-synth-len": "speculation.simulated_accept_length", "--spec-synth-rates":
+        "speculation.simulated_accept_length",
     }
     draft_formats = ("gguf",)
 
@@ -187,6 +189,31 @@ class LlamaCppEngine(Engine):
         return int(options[key]) if options.get(key) is not None and self.speculation_requested(
             options, draft_model) else None
 
+    def accept_length_ceiling(self, options, draft_model=None):
+        n = self.draft_length(options, draft_model)
+        return n + 1 if n is not None else None
+
+    # The vendored llama.cpp of 0.3.36 has `--spec-synth-len L` (common/arg.cpp; common/speculative.cpp resolves it
+    # into per-position acceptance probabilities with mean length L over --spec-draft-n-max, and refuses L outside
+    # [1, n_max + 1]); the server then accepts each draft token at random (server_sample_and_accept_synth), never a
+    # drafted end-of-generation token. A drafter that stops early drafts fewer tokens than n_max, so the realised
+    # length can fall below L: the measured accept length is checked against it.
+    simulates_acceptance = True
+    SIMULATE_FLAG = "--spec-synth-len"
+
+    def simulation_method_problems(self, sc, method):
+        types = {t.strip() for t in str(method).split(",")}
+        if not types & DRAFT_TYPES:
+            return [(f"server_configs.{sc.name}.speculation", f"{method} drafting proposes nothing without a match, "
+                     "so its realised accept length falls below any setting",
+                     "simulate a draft model (draft_model, spec_type draft-simple) instead")]
+        version = str(sc.engine_settings.get("version") or llamacpp_build.DEFAULT_VERSION)
+        if version != llamacpp_build.DEFAULT_VERSION:
+            return [(f"server_configs.{sc.name}.speculation", f"the llama.cpp of llama-cpp-python {version} was not "
+                     f"checked for {self.SIMULATE_FLAG} (read in {llamacpp_build.DEFAULT_VERSION}'s)",
+                     f"use engines.llamacpp.version {llamacpp_build.DEFAULT_VERSION}")]
+        return []
+
     def world_size_terms(self, options):
         return "n_gpu_layers ≠ 0"
 
@@ -214,6 +241,8 @@ class LlamaCppEngine(Engine):
         if (draft is not None or sc.options.get("draft_model")) and "spec_type" not in sc.options:
             argv += ["--spec-type", PLAIN_DRAFT_TYPE]
         argv += self.option_argv(sc.options) + sc.extra_args
+        if sc.simulation is not None:
+            argv += [self.SIMULATE_FLAG, f"{sc.simulation.accept_length:g}"]
         return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
 
     async def identity(self, session, base_url, sc):

@@ -32,6 +32,21 @@ DRAFT_MODEL_REQUIRED = {"EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "DDTREE"}
 DFLASH_FAMILY = {"DFLASH", "DDTREE"}
 # SGLang's speculative hooks (DFLASH, EAGLE family, NGRAM, ...) all reset an unset --max-running-requests to this.
 SPEC_DEFAULT_MAX_RUNNING = 48
+# Simulated acceptance (servesweep.acceptance; facts from the 0.5.10-0.5.23 wheels: srt/environ.py,
+# srt/speculative/spec_utils.py, eagle_utils.py, dflash_utils.py). Read once at import, so set in the server's
+# environment at launch. match-expected draws floor(L) or ceil(L) so that the mean is exactly L; real-draft-token
+# (from 0.5.15) emits the draft's own tokens and the target's argmax as the bonus, where the default `fixed` emits
+# token id 100 for every accepted token, which byte-level BPE vocabularies decode to U+FFFD and the detokenizer then
+# stops streaming (sglang#20154). real-draft-token needs a top-k 1 chain.
+SIMULATE_ENV = {"length": "SGLANG_SIMULATE_ACC_LEN", "method": "SGLANG_SIMULATE_ACC_METHOD",
+                "token_mode": "SGLANG_SIMULATE_ACC_TOKEN_MODE"}
+SIMULATE_METHOD = "match-expected"
+SIMULATE_TOKEN_MODE = "real-draft-token"
+# 0.5.17's own tests still set the old unprefixed name, which it no longer reads: refused too, as a trap.
+SIMULATE_ENV_NAMES = (*SIMULATE_ENV.values(), "SIMULATE_ACC_LEN", "SIMULATE_ACC_METHOD")
+SIMULATE_FROM = (0, 5, 15)  # SGLANG_SIMULATE_ACC_TOKEN_MODE
+SIMULATE_DFLASH_FROM = (0, 5, 17)  # DFLASH ignores the switch before (sglang#32595)
+SIMULATE_CHAIN = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"}
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's, ``special`` spelled by special_argv
 OPTIONS = {
@@ -186,9 +201,10 @@ class SGLangEngine(Engine):
             if opts.get("enable_dp_attention"):
                 problems.append((f"{key}.enable_dp_attention", f"{spec} does not support DP attention",
                                  "remove enable_dp_attention from this config"))
-            if "speculative_draft_model" not in opts:
+            if "speculative_draft_model" not in opts and sc.draft_model_name is None:
                 problems.append((f"{key}.speculative_draft_model", f"{spec} needs a DFlash draft model",
-                                 "set speculative_draft_model to the drafter's path or Hugging Face repo"))
+                                 "set draft_model (a models entry, fetched by the pipeline) or "
+                                 "options.speculative_draft_model (the drafter's path or Hugging Face repo)"))
             block, draft = opts.get("speculative_dflash_block_size"), opts.get("speculative_num_draft_tokens")
             if block and draft and block != draft:
                 problems.append((f"{key}.speculative_dflash_block_size",
@@ -209,6 +225,12 @@ class SGLangEngine(Engine):
         elif a2a not in (None, "none") and ep != tp:
             problems.append((f"{key}.moe_a2a_backend", f"all-to-all backend {a2a!r} forces ep = tp, but ep is {ep} "
                              f"and tp is {tp}", "use moe_a2a_backend: none for hybrid EP (ep < tp), or set ep = tp"))
+        hand_set = sorted(set(sc.env) & set(SIMULATE_ENV_NAMES))
+        if hand_set:
+            problems.append((f"server_configs.{sc.name}.env.{hand_set[0]}",
+                             "switches simulated acceptance on by hand, so the report would take its figures for a "
+                             "real drafter's", "remove it and set speculation.simulated_accept_length (with its "
+                             "source) or speculation.acceptance_preset instead"))
         if not problems:
             problems += self._parser_problems(key, sc)
         return problems
@@ -313,6 +335,48 @@ class SGLangEngine(Engine):
         key = "ddtree_budget" if _spec(options) == "DDTREE" else "speculative_num_draft_tokens"
         return int(options[key]) if _spec(options) and options.get(key) is not None else None
 
+    def accept_length_ceiling(self, options, draft_model=None):
+        # DFLASH commits at most its block; a top-k 1 chain of n steps at most n + 1 tokens (SGLang clamps the
+        # simulated length to these: dflash_utils.py, spec_utils.generate_simulated_accept_index).
+        spec = _spec(options)
+        if spec in DFLASH_FAMILY:
+            block = options.get("speculative_dflash_block_size") or options.get("speculative_num_draft_tokens")
+            return int(block) if block else None
+        if spec in SIMULATE_CHAIN:
+            if options.get("speculative_num_steps") is not None:
+                return int(options["speculative_num_steps"]) + 1
+            tokens = options.get("speculative_num_draft_tokens")
+            return int(tokens) if tokens else None
+        return None
+
+    simulates_acceptance = True
+
+    def simulation_method_problems(self, sc, method):
+        key, opts = f"server_configs.{sc.name}", sc.options
+        version = flag_version(sc.engine_settings)
+        if method == "NGRAM":
+            return [(f"{key}.speculation", "NGRAM simulates acceptance only with the fixed token id 100, which this "
+                     "model's byte-level vocabulary may decode to U+FFFD and stall streaming (sglang#20154)",
+                     "simulate a drafter of a top-k 1 chain (STANDALONE, EAGLE3) or DFLASH instead")]
+        if method == "DDTREE":
+            return [(f"{key}.speculation", "DDTREE is in no SGLang release that servesweep knows, and simulated "
+                     "acceptance of its tree is not known to work", "simulate DFLASH instead")]
+        if method not in SIMULATE_CHAIN | {"DFLASH"}:
+            return [(f"{key}.speculation", f"{method} has no simulated acceptance in SGLang",
+                     f"use one of {sorted(SIMULATE_CHAIN | {'DFLASH'})}")]
+        need = SIMULATE_DFLASH_FROM if method == "DFLASH" else SIMULATE_FROM
+        if version_tuple(version) < need:
+            return [(f"{key}.speculation", f"SGLang {version} does not simulate the acceptance of {method} (from "
+                     f"{'.'.join(map(str, need))}"
+                     + ("; earlier releases ignore it silently)" if method == "DFLASH" else
+                        ", where the simulated tokens can be the draft's own)"),
+                     f"set engines.sglang.version to {'.'.join(map(str, need))} or later and install it")]
+        if method in SIMULATE_CHAIN and opts.get("speculative_eagle_topk") != 1:
+            return [(f"{key}.options.speculative_eagle_topk",
+                     f"is {opts.get('speculative_eagle_topk', 'unset')}: simulated acceptance with the draft's own "
+                     "tokens needs a top-k 1 chain (SGLang raises otherwise)", "set speculative_eagle_topk: 1")]
+        return []
+
     def cache_dirs(self, env=None):
         # FlashInfer's JIT kernels and TVM-FFI's build cache: both grew only on the first launch on a host
         # (docs/performance.md, "Packing configs onto GPUs").
@@ -362,7 +426,11 @@ class SGLangEngine(Engine):
         argv += self.option_argv(sc.options, version=prepared.get("flag_version")
                                  or flag_version(sc.engine_settings, prepared))
         argv += sc.extra_args
-        return LaunchSpec(argv=argv, env=dict(sc.env), port=port)
+        env = dict(sc.env)
+        if sc.simulation is not None:
+            env.update({SIMULATE_ENV["length"]: f"{sc.simulation.accept_length:g}",
+                        SIMULATE_ENV["method"]: SIMULATE_METHOD, SIMULATE_ENV["token_mode"]: SIMULATE_TOKEN_MODE})
+        return LaunchSpec(argv=argv, env=env, port=port)
 
     # --- readiness and identity --------------------------------------------------------------------------
     async def identity(self, session, base_url, sc):

@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 
 from servesweep import promtext
+from servesweep.versions import version_tuple
 from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, LogEvent, cell_label,
                                      gpu_jit_cache_dirs, per_position_columns, spec_counter_columns)
 
@@ -44,6 +45,13 @@ POSITIVE_INT_OPTIONS = ("tp", "pp", "dp", "max_model_len", "max_num_seqs")
 # vLLM's main branch at commit 002e77c; the 0.26.0 tag was not read line by line); its other keys: model (the
 # draft's path), num_speculative_tokens, draft_tensor_parallel_size. Not yet launched on a GPU.
 DRAFT_METHOD = "draft_model"
+# Simulated acceptance (servesweep.acceptance; vllm/config/speculative.py of the 0.26.0 wheel): keys of the
+# speculative config. A length becomes a minimum-variance schedule over the k positions, drawn per request and
+# position; a rejected position emits the target's argmax. n-gram and suffix drafting propose nothing without a
+# match, so their realised length falls below the setting: refused.
+SYNTHETIC_KEYS = ("rejection_sample_method", "synthetic_acceptance_length", "synthetic_acceptance_rates")
+SYNTHETIC_FROM = (0, 26, 0)  # the first release read for it; older ones were not checked
+NO_SYNTHETIC_METHODS = ("ngram", "ngram_gpu", "suffix")
 
 # Speculative counters (vllm/v1/spec_decode/metrics.py, SpecDecodingProm): prometheus_client Counters named
 # ``vllm:spec_decode_num_drafts`` ("Number of spec decoding drafts.", one per request per step that carried a draft),
@@ -228,6 +236,30 @@ class VLLMEngine(Engine):
         n = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
         return int(n) if n is not None and self.speculation_requested(options, draft_model) else None
 
+    def accept_length_ceiling(self, options, draft_model=None):
+        n = self.draft_length(options, draft_model)
+        return n + 1 if n is not None else None
+
+    simulates_acceptance = True
+
+    def simulation_method_problems(self, sc, method):
+        key = f"server_configs.{sc.name}.options.speculative_config"
+        spec = sc.options.get("speculative_config") or {}
+        hand_set = [k for k in SYNTHETIC_KEYS if k in spec]
+        if hand_set:
+            return [(f"{key}.{hand_set[0]}", "is set by servesweep from speculation: (and was set here by hand too)",
+                     "remove it and keep speculation.simulated_accept_length or speculation.acceptance_preset")]
+        if str(method).lower() in NO_SYNTHETIC_METHODS:
+            return [(f"server_configs.{sc.name}.speculation", f"{method} drafting proposes nothing without a match, "
+                     "so its realised accept length falls below any setting",
+                     "simulate a model drafter (draft_model, eagle3, mtp) instead")]
+        version = sc.engine_settings.get("version")
+        if version and version_tuple(str(version)) < SYNTHETIC_FROM:
+            return [(f"server_configs.{sc.name}.speculation", f"vLLM {version} was not checked for synthetic "
+                     f"acceptance (read in {'.'.join(map(str, SYNTHETIC_FROM))})",
+                     f"set engines.vllm.version to {'.'.join(map(str, SYNTHETIC_FROM))} or later and install it")]
+        return []
+
     def world_size(self, options):
         """GPUs one vLLM server occupies: tp × pp × dp (expert parallelism reuses the tp × dp ranks)."""
         return int(options.get("tp", 1)) * int(options.get("pp", 1)) * int(options.get("dp", 1))
@@ -260,6 +292,10 @@ class VLLMEngine(Engine):
             # vLLM takes the draft inside the speculative config: {"method": "draft_model", "model": PATH, ...}
             options = {**options, "speculative_config": {"method": DRAFT_METHOD,
                                                          **options.get("speculative_config", {}), "model": str(draft)}}
+        if sc.simulation is not None:
+            options = {**options, "speculative_config": {**options["speculative_config"],
+                                                         "rejection_sample_method": "synthetic",
+                                                         "synthetic_acceptance_length": sc.simulation.accept_length}}
         argv += self.option_argv(options) + sc.extra_args
         env = dict(sc.env)
         if options.get("cudagraph_metrics"):

@@ -92,7 +92,9 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     matrix = metas[0]["matrix"] if metas else {}
     host = metas[0].get("host") if metas else "?"
 
-    random_spec = {m["config"] for m in metas if m.get("load_format") == "dummy" and m["speculative"]}
+    # a simulated acceptance is its setting, not random weights' (the first screen names it on its own)
+    random_spec = {m["config"] for m in metas if m.get("load_format") == "dummy" and m["speculative"]
+                   and not m.get("speculation")}
     correctness = pd.read_csv(inputs.correctness) if inputs.correctness and inputs.correctness.exists() else None
     capacity = _table(inputs.capacity)
     probes = _table(inputs.capacity_probes)

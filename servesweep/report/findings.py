@@ -23,6 +23,7 @@ def speculation_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
     """One line per config that asked for speculative decoding: whether its engine counted drafts, and on which
     workloads its acceptance was measured."""
     lines = []
+    simulations = {m.get("config"): m["speculation"] for m in metas if m.get("speculation")}
     for cfg, st in sorted(speculation_status(cells, metas).items()):
         if st.requested is None:
             continue
@@ -35,6 +36,10 @@ def speculation_findings(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
             lines.append(f"- `{cfg}`: not known whether it drafted — {st.reason}." + on)
         else:
             lines.append(f"- `{cfg}`: drafted — {st.reason}." + on)
+        setting = simulations.get(cfg)
+        if setting:
+            lines[-1] += (f" Its acceptance is **simulated**: accept length set to "
+                          f"{setting['simulated_accept_length']:g} ({setting.get('source')}).")
     return lines
 
 

@@ -32,6 +32,14 @@ class SpecConfig:
     draft_length: int | None
     draft_model: str | None
     draft_model_bytes: int | None
+    simulated: dict | None = None  # meta.json's `speculation`: the accept length set and its source
+
+    @property
+    def name(self) -> str:
+        """How the report names it: a simulated acceptance is said wherever the config is."""
+        if not self.simulated:
+            return f"`{self.config}`"
+        return f"`{self.config}` (simulated acceptance {self.simulated['simulated_accept_length']:g})"
 
 
 def spec_configs(cells: pd.DataFrame, metas: list[dict]) -> list[SpecConfig]:
@@ -45,7 +53,8 @@ def spec_configs(cells: pd.DataFrame, metas: list[dict]) -> list[SpecConfig]:
         engine = meta.get("engine")
         length = (get_engine(engine).draft_length(meta.get("options") or {}, meta.get("draft_model"))
                   if engine in engine_names() else None)
-        out.append(SpecConfig(cfg, st.requested, length, meta.get("draft_model"), meta.get("draft_model_bytes")))
+        out.append(SpecConfig(cfg, st.requested, length, meta.get("draft_model"), meta.get("draft_model_bytes"),
+                              meta.get("speculation")))
     return sorted(out, key=lambda s: (s.method, s.draft_length or 0, s.config))
 
 
@@ -115,12 +124,12 @@ def speedup_lines(speedup: pd.DataFrame, specs: list[SpecConfig], baseline: str)
             lines.append(f"{group}:")
         series = list(_series(speedup, s.config))
         if not series:
-            lines.append(f"- `{s.config}`: no cell of it matches one of `{baseline}`'s (other prompts or another "
+            lines.append(f"- {s.name}: no cell of it matches one of `{baseline}`'s (other prompts or another "
                          "model), so it is not compared.")
         for label, g in series:
             for name, ratio, verdict, _ in METRICS:
                 points = [(int(r["concurrency"]), str(r[verdict])) for r in g.to_dict("records")]
-                lines.append(f"- `{s.config}` on {label}, {name}: " + "; ".join(_points(g, ratio, verdict))
+                lines.append(f"- {s.name} on {label}, {name}: " + "; ".join(_points(g, ratio, verdict))
                              + f" — {crossover(points)}.")
     return lines
 
@@ -133,8 +142,10 @@ def _acceptance_row(r: dict, positions: list[str]) -> str:
     rate = r.get("accept_rate")
     rate_text = "–" if rate is None or pd.isna(rate) else f"{100 * rate:.0f} %"
     per_pos = " / ".join("–" if pd.isna(r.get(p)) else f"{100 * r[p]:.0f}" for p in positions)
+    setting = r.get("simulated_accept_length")
+    simulated = "" if setting is None or pd.isna(setting) else f"; **simulated**: set to {setting:g}"
     cells = [f"`{r['config']}`", prompts_label(r["workload"], r["ctx"]), str(int(r["concurrency"])), length_text,
-             rate_text] + ([per_pos] if positions else []) + [str(r.get("accept_length_source") or "–")]
+             rate_text] + ([per_pos] if positions else []) + [str(r.get("accept_length_source") or "–") + simulated]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -159,6 +170,13 @@ def acceptance_lines(cells: pd.DataFrame, specs: list[SpecConfig]) -> list[str]:
     notes = ["Accept length counts the tokens one verify step produced, the target's own token included; accept "
              "rate is the share of drafted tokens the target accepted; source says where the figure came from (the "
              "server's counters, its log, or the responses' per-request counts)."]
+    simulated = [s for s in specs if s.simulated]
+    if simulated:
+        notes.append("**Simulated acceptance** in " + ", ".join(
+            f"`{s.config}` (set to {s.simulated['simulated_accept_length']:g}: {s.simulated.get('source')})"
+            for s in simulated) + ": the engine overwrote each verify step's outcome with that length while drafting "
+            "and verifying in full, so its accept length is the setting, not a drafter's; a measured length off the "
+            "setting by more than the tolerance (servesweep.acceptance) leaves the config out of every ranking.")
     if rate_missing:
         notes.append(f"No accept rate for {', '.join(f'`{c}`' for c in rate_missing)}: its server reported no "
                      "count of drafted tokens.")
@@ -283,7 +301,7 @@ def summary_lines(cells: pd.DataFrame, speedup: pd.DataFrame, metas: list[dict])
         series = list(_series(speedup, s.config))
         verdicts = {str(v) for _, g in series for _, _, col, _ in METRICS for v in g[col]}
         if verdicts == {decide.UNDECIDED}:
-            parts.append(f"`{s.config}`: where it pays is not decided — {decide.UNDECIDED} at every C (the ratios "
+            parts.append(f"{s.name}: where it pays is not decided — {decide.UNDECIDED} at every C (the ratios "
                          "are in the Speculative decoding section).")
             continue
         for label, g in series:
@@ -292,7 +310,7 @@ def summary_lines(cells: pd.DataFrame, speedup: pd.DataFrame, metas: list[dict])
                 first_not = next((i for i, (_, v) in enumerate(points) if not _faster(v)), None)
                 shown = g.iloc[sorted({0, len(points) - 1} if first_not is None
                                       else {0, max(first_not - 1, 0), first_not})]
-                parts.append(f"`{s.config}` on {label}, {name}: " + "; ".join(_points(shown, ratio, verdict))
+                parts.append(f"{s.name} on {label}, {name}: " + "; ".join(_points(shown, ratio, verdict))
                              + f" — {crossover(points)}; {tally(points)}.")
     if not parts:
         return []

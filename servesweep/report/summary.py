@@ -214,6 +214,19 @@ def random_weight_drafting_note(cells: pd.DataFrame, configs: set[str]) -> str |
             "expect.")
 
 
+def simulated_acceptance_note(metas: list[dict], configs: set[str]) -> str | None:
+    """A warning for picks and margins that rest on configs whose acceptance was simulated (``speculation:``): their
+    speed is what the engine gives at the accept length set, not a measured drafter's."""
+    simulated = {m.get("config"): m["speculation"] for m in metas if m.get("speculation") and m.get("config") in configs}
+    if not simulated:
+        return None
+    parts = [f"`{cfg}` (accept length set to {s['simulated_accept_length']:g}: {s.get('source')})"
+             for cfg, s in sorted(simulated.items())]
+    return (f"**Simulated acceptance** in {', '.join(parts)}: the picks and margins above that involve it are what "
+            "the engine delivers when its drafts are accepted at that rate (drafting and verification ran in full), "
+            "not a speedup measured with a trained drafter.")
+
+
 def lossless_failures(table: pd.DataFrame | None) -> dict[str, str]:
     """Configs whose lossless check fell below 100 %, with how many completions matched, from the correctness table."""
     if table is None or table.empty or "lossless" not in table:
@@ -266,6 +279,9 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
     drafting = random_weight_drafting_note(cells, (random_weight_speculative or set()) & named)
     if drafting:
         lines += [drafting, ""]
+    simulated = simulated_acceptance_note(metas or [], named)
+    if simulated:
+        lines += [simulated, ""]
     changed = {c: n for c, n in (not_lossless or {}).items() if c in named}
     if changed:
         lines += ["**Greedy output changed** under "
