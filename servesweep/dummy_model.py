@@ -318,7 +318,8 @@ def drafter_config(kind: str, target: dict, layers: int | None = None, block_siz
               "pad_token_id": target.get("pad_token_id")}
     if kind == "dflash":
         n = layers or DFLASH_LAYERS
-        mask = mask_token_id if mask_token_id is not None else target.get("pad_token_id", 0)
+        mask = next((t for t in (mask_token_id, target.get("pad_token_id"), target.get("eos_token_id"), 0)
+                     if isinstance(t, int)), 0)
         if not 0 <= int(mask) < vocab:
             raise ValueError(f"mask token id {mask} is outside the target's vocabulary of {vocab}")
         return {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", **common, "hidden_size": hidden,

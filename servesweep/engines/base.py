@@ -352,7 +352,8 @@ class Engine(abc.ABC):
         key = f"server_configs.{sc.name}.speculation"
         if not self.simulates_acceptance:
             return [(key, f"{self.label} has no simulated acceptance in the versions servesweep knows",
-                     "remove speculation: from this config, or run it on SGLang or vLLM")]
+                     "remove speculation: from this config, or run it on an engine that simulates acceptance "
+                     "(docs/speculation.md)")]
         method = self.speculation_requested(sc.options, sc.draft_model_name)
         if method is None:
             return [(key, "simulates the acceptance of a speculative method, but the config asks for none",

@@ -198,6 +198,11 @@ class VLLMEngine(Engine):
         if spec and int(opts.get("pp", 1)) > 1:
             return [(f"{key}.pp", "vLLM does not run speculative decoding with pipeline parallelism",
                      "set pp: 1, or remove speculative_config")]
+        hand_set = [k for k in SYNTHETIC_KEYS if spec and k in spec]
+        if hand_set and sc.simulation is None:  # with speculation: set, simulation_method_problems names it
+            return [(f"{key}.speculative_config.{hand_set[0]}", "switches simulated acceptance on by hand, so the "
+                     "report would take its figures for a real drafter's", "remove it and set "
+                     "speculation.simulated_accept_length (with its source) or speculation.acceptance_preset instead")]
         if matrix is not None and str(sc.env.get(DEV_MODE_ENV)) != "1" and any(
                 matrix.flushes_cache(w) for w in sc.workloads or matrix.workloads):
             return [(f"server_configs.{sc.name}.env", f"this sweep flushes the prefix cache between cells, which vLLM "

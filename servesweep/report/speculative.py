@@ -14,6 +14,7 @@ import pandas as pd
 
 from servesweep import decide
 from servesweep.engines import engine_names, get_engine
+from servesweep.report.breakeven import break_even_lines
 from servesweep.report.decisions import prompts_label, ratio_text, verdict_words
 from servesweep.speculation import speculation_status
 
@@ -288,7 +289,8 @@ def speculative_section(cells: pd.DataFrame, speedup: pd.DataFrame, metas: list[
              "concurrency. The crossover is the lowest C whose verdict is not faster, stated only as far as the "
              "verdicts there support it.", ""]
     lines += speedup_lines(speedup, specs, baseline) + ["", "### Acceptance per workload", ""]
-    lines += acceptance_lines(cells, specs) + ["", "### Cost", ""]
+    lines += acceptance_lines(cells, specs) + [""]
+    lines += break_even_lines(speedup, metas) + ["### Cost", ""]
     return lines + cost_lines(cells, metas, specs, baseline) + [""]
 
 

@@ -1,0 +1,163 @@
+"""Break-even acceptance: the accept length from which a drafter pays, per concurrency, from configs that simulate
+their acceptance (``speculation:``, servesweep.acceptance).
+
+A simulated config drafts and verifies in full and commits the accept length ``L`` it is set to, so against the
+autoregressive baseline its per-user ratio is ``L × t_ar / t_step``: with the step's cost fixed, the ratio is
+proportional to ``L``, and the ratio measured at one setting gives the break-even length ``L* = L / ratio`` (its
+interval: ``L / hi`` to ``L / lo``). That proportionality is an assumption — a step that commits more tokens also
+writes more KV entries, and SGLang draws one length per step for the whole batch — so where a family was measured at
+two or more settings, their estimates of ``L*`` are compared, and a disagreement (intervals that do not overlap) is
+said, not averaged away. Beside the estimate, the verdicts alone bracket the break-even: it lies above every
+setting called slower and below every setting called faster.
+
+Pure functions over the speedup table and each run's meta.json; nothing is read from logs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from servesweep import decide
+from servesweep.report.decisions import prompts_label, ratio_text
+
+# (label, ratio column, verdict column): per user first, what speculation is for at low C; throughput at high C.
+METRICS = (("per user", "per_request_speedup", "per_request_verdict"), ("throughput", "speedup", "verdict"))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One simulated config of a family: its name and the accept length it was set to."""
+
+    config: str
+    accept_length: float
+
+
+def families(metas: list[dict]) -> dict[str, list[Setting]]:
+    """{family name: its settings by accept length} for the simulated configs of ``metas`` that differ only in the
+    accept length set: same engine, model, draft model and options. A family is named after its first config."""
+    groups: dict[str, list[Setting]] = {}
+    for m in metas:
+        sim = m.get("speculation") or {}
+        if sim.get("simulated_accept_length") is None or not m.get("config"):
+            continue
+        key = json.dumps([m.get("engine"), m.get("model"), m.get("draft_model"), m.get("options")], sort_keys=True,
+                         default=str)
+        groups.setdefault(key, []).append(Setting(m["config"], float(sim["simulated_accept_length"])))
+    out = {}
+    for settings in groups.values():
+        settings = sorted(settings, key=lambda s: (s.accept_length, s.config))
+        out[settings[0].config] = settings
+    return out
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """Where one family pays at one cell and metric: the break-even length estimated from each setting (with its
+    interval), and the bracket the verdicts give."""
+
+    estimates: tuple[tuple[Setting, float, float, float, str], ...]  # (setting, L*, lo, hi, verdict)
+    pays_from: float | None     # the lowest setting called faster
+    loses_to: float | None      # the highest setting called slower
+
+    @property
+    def agree(self) -> bool | None:
+        """Whether the settings' estimates share a common range (None: fewer than two with an interval)."""
+        spans = [(lo, hi) for _, _, lo, hi, _ in self.estimates if math.isfinite(lo) and math.isfinite(hi)]
+        if len(spans) < 2:
+            return None
+        return max(lo for lo, _ in spans) <= min(hi for _, hi in spans)
+
+
+def _estimate(length: float, ratio: float, lo: float, hi: float) -> tuple[float, float, float]:
+    """L* = L / ratio and its interval from the ratio's (an upper bound of inf where the ratio's lower bound is 0)."""
+    def inv(x):
+        return length / x if x and x > 0 and math.isfinite(x) else math.inf
+    return inv(ratio), (inv(hi) if pd.notna(hi) else math.nan), (inv(lo) if pd.notna(lo) else math.nan)
+
+
+def break_even(rows: list[tuple[Setting, dict]], ratio: str, verdict: str) -> BreakEven:
+    """The break-even of one family at one cell from (setting, speedup-table row) pairs."""
+    estimates = []
+    for s, r in rows:
+        est, lo, hi = _estimate(s.accept_length, r.get(ratio, math.nan), r.get(f"{ratio}_lo", math.nan),
+                                r.get(f"{ratio}_hi", math.nan))
+        estimates.append((s, est, lo, hi, str(r.get(verdict))))
+    faster = [s.accept_length for s, *_, v in estimates if v.startswith(decide.FASTER)]
+    slower = [s.accept_length for s, *_, v in estimates if v.startswith(decide.SLOWER)]
+    return BreakEven(tuple(estimates), min(faster) if faster else None, max(slower) if slower else None)
+
+
+def _num(x: float) -> str:
+    return "∞" if x == math.inf else "?" if not math.isfinite(x) else f"{x:.2f}"
+
+
+def _sentence(c: int, name: str, be: BreakEven) -> str:
+    parts = []
+    for s, est, lo, hi, verdict in be.estimates:
+        parts.append(f"{_num(est)} [{_num(lo)}, {_num(hi)}] from `{s.config}` (set to {s.accept_length:g}, "
+                     f"{verdict})")
+    text = f"C={c}, {name}: break-even accept length " + "; ".join(parts)
+    if be.pays_from is not None or be.loses_to is not None:
+        bracket = []
+        if be.loses_to is not None:
+            bracket.append(f"above {be.loses_to:g} (called slower there)")
+        if be.pays_from is not None:
+            bracket.append(f"at most {be.pays_from:g} (called faster there)")
+        text += " — by verdict, " + " and ".join(bracket)
+    if be.agree is False:
+        text += (" — **the settings disagree** (their intervals do not overlap): a step's cost changes with the "
+                 "accept length here, so no single break-even holds")
+    return text + "."
+
+
+def break_even_lines(speedup: pd.DataFrame, metas: list[dict]) -> list[str]:
+    """The report's break-even lines: per family of simulated configs, prompt set, metric and C."""
+    fams = families(metas)
+    if not fams or speedup is None or speedup.empty:
+        return []
+    closed = speedup[speedup["load"] == "concurrency"] if "load" in speedup else speedup
+    lines = ["### Break-even acceptance", "",
+             "The accept length at which each simulated drafter would match the baseline, per concurrency: L / ratio "
+             "for a config set to L (the interval from the ratio's), which assumes a verify step costs the same "
+             "whatever it accepts — checked where a family was measured at two or more lengths. Beside it, what "
+             "the verdicts alone say. These are simulated acceptances: what a drafter of that quality would give "
+             "with this engine, target and GPU, not a measured drafter.", ""]
+    for family, settings in fams.items():
+        names = ", ".join(f"`{s.config}` ({s.accept_length:g})" for s in settings)
+        lines.append(f"Family of `{family}` — settings {names}:")
+        rows = closed[closed["config"].isin([s.config for s in settings])]
+        if rows.empty:
+            lines.append("- not compared with the baseline at any cell.")
+            continue
+        by_config = {s.config: s for s in settings}
+        for (workload, ctx), g in rows.groupby(["workload", "ctx"], sort=True):
+            for name, ratio, verdict in METRICS:
+                for c, gc in g.groupby("concurrency", sort=True):
+                    pairs = [(by_config[r["config"]], r) for r in gc.to_dict("records")]
+                    pairs.sort(key=lambda p: p[0].accept_length)
+                    lines.append(f"- {prompts_label(workload, ctx)}, " + _sentence(int(c), name,
+                                                                                      break_even(pairs, ratio, verdict)))
+        lines.append("")
+    return lines
+
+
+def chart_points(speedup: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
+    """Per simulated config and C: its accept length setting and its per-user and throughput ratios with their
+    intervals (the data of the speedup-vs-C chart, one line per accept length)."""
+    if "simulated_accept_length" not in cells or speedup is None or speedup.empty:
+        return pd.DataFrame()
+    settings = cells.dropna(subset=["simulated_accept_length"]).groupby("config")["simulated_accept_length"].first()
+    rows = speedup[speedup["config"].isin(settings.index)]
+    if "load" in rows:
+        rows = rows[rows["load"] == "concurrency"]
+    out = []
+    for r in rows.to_dict("records"):
+        for name, ratio, verdict in METRICS:
+            out.append({"config": r["config"], "accept_length": float(settings[r["config"]]),
+                        "prompts": prompts_label(r["workload"], r["ctx"]), "concurrency": int(r["concurrency"]),
+                        "metric": name, "ratio": r[ratio], "lo": r[f"{ratio}_lo"], "hi": r[f"{ratio}_hi"],
+                        "verdict": r[verdict], "label": ratio_text(r[ratio], r[f"{ratio}_lo"], r[f"{ratio}_hi"])})
+    return pd.DataFrame(out)
