@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from servesweep import acceptance
+from servesweep import acceptance, acceptance_export
 from servesweep.acceptance import PRESETS, Simulation, entry_problems, from_entry, not_in_effect_reason
 
 from conftest import ROOT
@@ -119,7 +119,7 @@ def test_export_reproduces_the_committed_presets(example):
     runs = ROOT / "examples" / example / "runs"
     if not runs.is_dir():
         pytest.skip(f"examples/{example}/runs is not in this checkout")
-    exported = {f"{example}-{row['name']}": row for row in acceptance.export(sorted(runs.iterdir()))}
+    exported = {f"{example}-{row['name']}": row for row in acceptance_export.export(sorted(runs.iterdir()))}
     committed = {name: row for name, row in PRESETS.items() if name.startswith(f"{example}-")}
     assert committed and set(exported) == set(committed)
     for name, row in committed.items():
@@ -150,7 +150,7 @@ def test_measured_rows_skip_simulated_and_plain_configs(tmp_path):
     simulated = run("sim", {**spec, "speculation": {"simulated_accept_length": 3.0, "source": "x"}},
                     [("humaneval", 1, 3.0)])
     plain = run("ar", {"options": {}}, [("humaneval", 1, "")])
-    rows = acceptance.export([real, simulated, plain])
+    rows = acceptance_export.export([real, simulated, plain])
     assert [(r["name"], r["accept_length"], r["draft_tokens"], r["method"]) for r in rows] == [
         ("real-humaneval", 3.25, 3, "STANDALONE"), ("real-sharegpt", 2.0, 3, "STANDALONE")]
     assert "mean of 2 cells at C = 1, 4, range 3.00-3.50" in rows[0]["source"]
@@ -159,7 +159,7 @@ def test_measured_rows_skip_simulated_and_plain_configs(tmp_path):
 # --- command line ----------------------------------------------------------------------------------------------------
 
 def test_cli_list_prints_every_preset(capsys):
-    assert acceptance.main(["list"]) == 0
+    assert acceptance_export.main(["list"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [r["name"] for r in rows] == list(PRESETS)
     for r in rows:
