@@ -11,12 +11,13 @@ if __name__ == "__main__":  # not when a spawned child process runs this file ag
 
     from servesweep.bench import JobInputs, run_launch
     from servesweep.correctness.job import CorrectnessOutputs
-    from servesweep.plan import BenchJob, Block, JobPaths, sweep_launches, sweep_orders
+    from servesweep.plan import BenchJob, Block, JobPaths, resolve_order_seed, sweep_launches, sweep_orders
     from servesweep.progress import sweep_line
 
     cfg = snakemake.wildcards.cfg
     index = int(snakemake.wildcards.block)
-    block = Block(index, sweep_orders(snakemake.config)[index].index(cfg), os.environ.get("SERVESWEEP_RUN", ""))
+    block = Block(index, sweep_orders(snakemake.config)[index].index(cfg), os.environ.get("SERVESWEEP_RUN", ""),
+                  resolve_order_seed(snakemake.config))
     job = BenchJob.from_params(cfg, snakemake.params.run, block)
     out = snakemake.output
     paths = JobPaths(Path(out.cells), Path(out.repeats), Path(out.requests), Path(out.meta), Path(out.server_log),

@@ -359,7 +359,15 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
                 resolution.append({"load": load, "level": level, "metric": metric, "comparisons": len(mdes),
                                    "mde_median": float(pd.Series(mdes).median()), "mde_max": float(max(mdes))})
     designs = pd.Series([r["design"] for r in decided]).value_counts().to_dict() if decided else {}
-    return {"blocks": len(blocks), "launches": launches_measured(repeats), "rounds_per_launch": rounds,
+    order = {}
+    if not repeats.empty and {"block", "block_position"} <= set(repeats):
+        slots = repeats[["config", "block", "block_position"]].drop_duplicates().sort_values(["block", "block_position"])
+        orders = [list(g["config"]) for _, g in slots.groupby("block", sort=True)]
+        balance = decide.order_balance(orders)
+        seeds = sorted({m["order_seed"] for m in metas if m.get("order_seed") is not None})
+        order = {"orders": orders, "orders_balanced": balance["balanced"],
+                 "positions_balanced": balance["positions_balanced"], "order_seeds": seeds}
+    return {"blocks": len(blocks), "launches": launches_measured(repeats), "rounds_per_launch": rounds, **order,
             "designs": designs, "undecided": len(undecided),
             "rule": {"alpha": rule.alpha, "margin": rule.margin, "min_effect": rule.min_effect, "power": rule.power,
                      "error_control": "Benjamini–Hochberg false-discovery rate over the sweep's comparisons"},

@@ -451,7 +451,7 @@ def launch_meta(job: BenchJob, inputs: JobInputs, engine, spec, port: int, reape
         "host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "cpu_model": cpu_model(), "warnings": engine.config_warnings(sc) + reaped, "matrix": job.matrix_section,
         "request_rates": job.matrix.request_rates, "slo": job.slo_section(), "status": "running",
-        **job.block.columns(),
+        **job.block.columns(), "order_seed": job.block.order_seed,
     }
     if sc.draft_model_name is not None:
         meta["draft_model"] = sc.draft_model_name

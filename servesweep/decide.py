@@ -310,17 +310,51 @@ def look_levels(looks: Sequence[int], alpha: float) -> list[float]:
     return [s - (spent[i - 1] if i else 0.0) for i, s in enumerate(spent)]
 
 
-def block_order(configs: Sequence[str], blocks: int, seed: int = 0) -> list[list[str]]:
-    """The launch order of each block: a fresh seeded random order per block.
+def williams_rows(k: int) -> list[list[int]]:
+    """A Williams design for ``k`` treatments: ``k`` rows (``2k`` for odd ``k``) in which every treatment holds
+    every position equally often and follows every other treatment equally often (Williams, Aust. J. Sci. Res.
+    1949). Row 0 is 0, 1, k-1, 2, k-2, ...; row i adds i modulo k; for odd k the mirrored rows are added."""
+    if k < 1:
+        return []
+    first, lo, hi = [0], 1, k - 1
+    while len(first) < k:
+        first.append(lo)
+        lo += 1
+        if len(first) < k:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % k for x in first] for i in range(k)]
+    return rows if k % 2 == 0 else rows + [row[::-1] for row in rows]
 
-    Randomising the order turns what depends on it — a drift of the host over the sweep, a first launch that starts
-    colder — into variation between blocks, which the paired interval measures, instead of a bias it cannot see
-    (Mytkowicz et al., ASPLOS 2009). A fixed alternating design (A B | B A pairs) cancels only a linear drift; under
-    a linear trend plus a slow sinusoid it let the A/A false-finding rate reach 6.1–6.6 % per sweep at 4 blocks and
-    2 % launch noise, where random orders kept 5.0 % with 95.4 % coverage and the same power
-    (benchmarks/calibration.py, docs/measurement.md "Calibration"). Each config is first in about 1/K of the blocks;
-    the order actually run is recorded, and the report shows the effect of position. The seed makes the plan
-    reproducible (`design.order_seed`)."""
+
+def block_order(configs: Sequence[str], blocks: int, seed: int) -> list[list[str]]:
+    """The launch order of each block: a randomised Williams design, balanced over each full cycle of its rows.
+
+    Within every cycle of K blocks (2K for an odd count of configs) each config holds each position once and
+    follows each other config once, so a first-launch or position effect (the sweep's first launch differed from
+    that config's later ones by -29 to +8 % in the recorded examples, docs/measurement.md) falls on every config
+    alike instead of on whichever sorted first. The design is randomised — a random assignment of configs to its
+    treatments and a random order of its rows, drawn afresh each cycle from ``seed`` — so that a drift of the host
+    over the sweep is not aligned with it. Blocks past the last full cycle take that cycle's first rows and are
+    not balanced: ``order_balance`` says so. The seed is drawn afresh per sweep unless ``design.order_seed`` fixes
+    it (``servesweep.plan.resolve_order_seed``)."""
+    rng = random.Random(seed)
+    names = sorted(configs)
+    rows = williams_rows(len(names))
+    out: list[list[str]] = []
+    while len(out) < blocks:
+        labels = names[:]
+        rng.shuffle(labels)
+        cycle = rows[:]
+        rng.shuffle(cycle)
+        out += [[labels[i] for i in row] for row in cycle]
+    return out[:blocks]
+
+
+def random_block_order(configs: Sequence[str], blocks: int, seed: int = 0) -> list[list[str]]:
+    """The orders the sweeps recorded before the balanced design: an independent shuffle of the sorted names per
+    block from ``seed`` (0 unless set). With the fixed seed 0 the sorted-first baseline launched first in every
+    recorded example with two or more configs; kept to check those runs' recorded orders against their plan."""
     rng = random.Random(seed)
     out: list[list[str]] = []
     for _ in range(blocks):
@@ -328,3 +362,23 @@ def block_order(configs: Sequence[str], blocks: int, seed: int = 0) -> list[list
         rng.shuffle(order)
         out.append(order)
     return out
+
+
+def order_balance(orders: list[list[str]]) -> dict:
+    """How balanced a sweep's block orders are: per config, how often it held each position, and whether every
+    config held every position equally often and followed every other config equally often (``balanced``)."""
+    names = sorted({c for o in orders for c in o})
+    k = len(names)
+    positions = {c: [0] * k for c in names}
+    follows = {(a, b): 0 for a in names for b in names if a != b}
+    for o in orders:
+        for i, c in enumerate(o):
+            if i < k:
+                positions[c][i] += 1
+        for a, b in zip(o, o[1:]):
+            follows[(a, b)] += 1
+    even_positions = len({tuple(v) for v in positions.values()}) == 1 and len(set(next(iter(positions.values()),
+                                                                                     [0]))) <= 1
+    even_follows = len(set(follows.values())) <= 1
+    return {"positions": positions, "balanced": bool(orders) and even_positions and even_follows,
+            "positions_balanced": even_positions, "first": {c: positions[c][0] for c in names}}

@@ -9,6 +9,7 @@ import math
 import os
 
 import copy
+import json
 import functools
 import importlib.resources
 import time
@@ -306,6 +307,7 @@ class Block:
     index: int = 0
     position: int = 0
     run: str = ""
+    order_seed: int | None = None  # the seed the sweep's orders were drawn from (meta.json, not a cell column)
 
     def columns(self) -> dict:
         return {"block": self.index, "block_position": self.position, "block_run": self.run}
@@ -325,13 +327,36 @@ def profile_settings(params: dict | None, cfg: str) -> ProfileSettings:
     return ProfileSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()})
 
 
+ORDER_SEED_FILE = Path("results") / "design" / "order_seed.json"
+
+
+def resolve_order_seed(config: dict, path: Path = ORDER_SEED_FILE) -> int:
+    """The sweep's order seed: ``design.order_seed`` where the config sets it; else the one this results folder
+    drew when its sweep was first planned (``path``); else a fresh one, drawn now and written there, so that every
+    later invocation of the same sweep (a block per lease, a resubmitted config, each SLURM job) plans the same
+    orders while a new sweep gets new ones."""
+    import secrets
+
+    fixed = (config.get("design") or {}).get("order_seed")
+    if fixed is not None:
+        return int(fixed)
+    path = Path(path)
+    if path.exists():
+        return int(json.loads(path.read_text())["order_seed"])
+    seed = secrets.randbelow(2 ** 31)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"order_seed": seed, "drawn_at": time.time(),
+                                "why": "design.order_seed unset: drawn once for this results folder"}) + "\n")
+    return seed
+
+
 def sweep_orders(config: dict) -> list[list[str]]:
     """Each block's planned launch order for a checked config (``servesweep.decide.block_order`` over its server
-    configs, ``design.blocks`` and ``design.order_seed``): the one plan the rules schedule by and the bench job
-    records."""
+    configs, ``design.blocks`` and the sweep's order seed, ``resolve_order_seed``): the one plan the rules schedule
+    by and the bench job records."""
     from servesweep.decide import block_order
 
-    return block_order(sorted(config["server_configs"]), config["design"]["blocks"], config["design"]["order_seed"])
+    return block_order(sorted(config["server_configs"]), config["design"]["blocks"], resolve_order_seed(config))
 
 
 def sweep_launches(config: dict) -> list[str]:

@@ -112,15 +112,33 @@ def test_inconclusive_says_how_many_blocks_would_decide():
         assert dec.blocks_to_decide is None or dec.blocks_to_decide > 3
 
 
-def test_block_orders_are_seeded_random_and_spread_positions():
-    orders = decide.block_order(["a", "b", "c", "d"], 400, seed=1)
-    assert all(sorted(o) == ["a", "b", "c", "d"] for o in orders)
-    assert len({tuple(o) for o in orders}) == 24  # every permutation occurs
-    for cfg in "abcd":  # each config first in about a quarter of the blocks
-        assert 0.18 < sum(o[0] == cfg for o in orders) / 400 < 0.32
-    assert decide.block_order(["d", "c", "b", "a"], 400, seed=1) == orders  # the names' order does not matter
-    assert decide.block_order(["a", "b", "c", "d"], 400, seed=2) != orders
-    assert decide.block_order(["a", "b", "c", "d"], 4, seed=1) == orders[:4]  # more blocks keep the first ones
+def test_block_orders_are_balanced_over_each_cycle_and_seeded():
+    """Every config holds every position, and follows every other config, equally often over each full cycle of
+    the Williams design (K blocks, 2K for odd K); the seed decides which cycle rows come when."""
+    for names in (["a", "b"], ["a", "b", "c"], ["a", "b", "c", "d"], list("abcde")):
+        k = len(names)
+        cycle = k if k % 2 == 0 else 2 * k
+        orders = decide.block_order(names, 3 * cycle, seed=11)
+        assert all(sorted(o) == sorted(names) for o in orders)
+        for start in range(0, 3 * cycle, cycle):
+            assert decide.order_balance(orders[start:start + cycle])["balanced"]
+    two = decide.block_order(["ar", "x"], 2, seed=3)
+    assert sorted(map(tuple, two)) == [("ar", "x"), ("x", "ar")]  # AB / BA: the baseline first in one block only
+    assert decide.block_order(["b", "a"], 8, seed=5) == decide.block_order(["a", "b"], 8, seed=5)
+    assert decide.block_order(list("abcd"), 4, seed=5) == decide.block_order(list("abcd"), 8, seed=5)[:4]
+    firsts = {tuple(decide.block_order(list("abcd"), 4, seed=s)[0]) for s in range(40)}
+    assert len(firsts) > 8  # the seed randomises which order comes first, and which config gets which treatment
+
+
+def test_a_partial_cycle_is_said_to_be_unbalanced():
+    orders = decide.block_order(["a", "b"], 3, seed=1)
+    balance = decide.order_balance(orders)
+    assert not balance["balanced"] and sorted(balance["first"].values()) == [1, 2]
+
+
+def test_the_old_random_orders_are_kept_for_the_recorded_examples():
+    """The orders the examples recorded before the balanced design (seed 0: the baseline first in both blocks)."""
+    assert decide.random_block_order(["ar", "draft-k8"], 2, 0) == [["ar", "draft-k8"], ["ar", "draft-k8"]]
 
 
 def test_spending_adds_up_to_alpha():

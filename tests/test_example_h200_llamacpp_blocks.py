@@ -36,7 +36,7 @@ def repeats():
 def test_every_config_launched_once_per_block_in_the_planned_orders(repeats):
     config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     assert config["design"]["blocks"] == 3 and config["matrix"]["repeats"] == 1
-    planned = decide.block_order(sorted(config["server_configs"]), 3, config["design"]["order_seed"])
+    planned = decide.random_block_order(sorted(config["server_configs"]), 3, config["design"]["order_seed"])
     launches = repeats.drop_duplicates(["config", "block"])
     realised = [list(g.sort_values("block_position")["config"]) for _, g in launches.groupby("block")]
     assert realised == planned == [["ar", "ngram", "ar-copy"], ["ngram", "ar-copy", "ar"], ["ar", "ar-copy", "ngram"]]

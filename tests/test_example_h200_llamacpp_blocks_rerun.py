@@ -40,7 +40,7 @@ def test_the_same_sweep_as_the_first_recording_in_one_run(repeats):
     config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     assert config == yaml.safe_load((ROOT / "config" / "h200-llamacpp-blocks.yaml").read_text())
     assert config == yaml.safe_load((FIRST / "config.yaml").read_text())
-    planned = decide.block_order(sorted(config["server_configs"]), 3, config["design"]["order_seed"])
+    planned = decide.random_block_order(sorted(config["server_configs"]), 3, config["design"]["order_seed"])
     launches = repeats.drop_duplicates(["config", "block"])
     realised = [list(g.sort_values("block_position")["config"]) for _, g in launches.groupby("block")]
     assert realised == planned

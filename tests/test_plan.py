@@ -18,7 +18,7 @@ pytestmark = pytest.mark.shares_host
 LAUNCH_META_KEYS = ["config", "engine", "engine_version", "engine_facts", "argv", "env", "port", "model", "model_path",
                     "model_architecture", "model_sha256", "model_manifest_files", "load_format", "labels", "options",
                     "host", "platform", "cpu_count", "cpu_model", "warnings", "matrix", "request_rates", "slo",
-                    "status", "block", "block_position", "block_run", "host_lease"]
+                    "status", "block", "block_position", "block_run", "order_seed", "host_lease"]
 UNLAUNCHED_META_KEYS = ["config", "engine", "model", "labels", "options", "argv", "env", "host", "warnings", "matrix",
                         "slo", "cells_measured", "block", "block_position", "block_run"]
 

@@ -391,6 +391,15 @@ def order_effect(repeats: pd.DataFrame | None, metas: list[dict]) -> list[str]:
         return []
     words = ", ".join(f"position {int(p) + 1}: {100 * (math.exp(r['mean']) - 1):+.1f} % ({int(r['count'])} launches)"
                       for p, r in by.iterrows())
-    return [f"- Launch position in the block, mean deviation from the config's own mean: {words}. Each config "
-            "holds each position about equally often (the orders are random), so such an effect widens intervals "
-            "rather than favouring a config."]
+    slots = repeats[["config", "block", "block_position"]].drop_duplicates().sort_values(["block", "block_position"])
+    orders = [list(g["config"]) for _, g in slots.groupby("block", sort=True)]
+    balance = decide.order_balance(orders)
+    if balance["positions_balanced"]:
+        held = ("each config held each position equally often"
+                + ("" if balance["balanced"] else " (but did not follow every other config equally often)"))
+        return [f"- Launch position in the block, mean deviation from the config's own mean: {words}. In this sweep "
+                f"{held}, so such an effect widens intervals rather than favouring a config."]
+    firsts = ", ".join(f"`{c}` {n} of {len(orders)}" for c, n in sorted(balance["first"].items()))
+    return [f"- Launch position in the block, mean deviation from the config's own mean: {words}. The positions were "
+            f"**not balanced** in this sweep (first in the block: {firsts}), so a position effect can favour or "
+            "penalise a config here: read the ratios of configs that launched first more often with that in mind."]
