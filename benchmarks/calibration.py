@@ -74,6 +74,8 @@ class Noise:
     drift_amp: float = 0.03     # amplitude of a slow sinusoid over the sweep
     drift_periods: float = 1.5  # its periods per sweep
     tails: str = "normal"       # or "t3"
+    first_launch: float = 0.0   # ln shift of the sweep's first launch, whichever config it is (a colder host)
+    position: float = 0.0       # ln shift of every block's first launch (a position effect)
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,9 @@ class Design:
     blocks: int = 4
     rounds: int = 1
     cells: int = 10
-    order: str = "blocks"       # "blocks" (decide.block_order), "random" (a random order per block) or
-                                # "sequential" (each config's launches in a row)
+    order: str = "blocks"       # "blocks" (decide.block_order: balanced), "random" (a random order per block),
+                                # "seed0" (decide.random_block_order with seed 0 in every sweep, the orders the
+                                # recorded examples ran) or "sequential" (each config's launches in a row)
     analysis: str = "paired"    # "paired" (the rule), "unpaired" (Welch on launch values), "rounds" (one launch,
                                 # Welch on its rounds: launch-to-launch noise left out)
     correction: str = "bh"      # "bh" (the rule) or "none" (each comparison at alpha on its own)
@@ -109,7 +112,7 @@ def launch_times(configs: int, design: Design, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
         return np.stack([j * k + rng.permutation(k) for j in range(b)], axis=1).astype(float)
     names = [f"c{i:03d}" for i in range(k)]
-    orders = decide.block_order(names, b, seed)
+    orders = decide.random_block_order(names, b, 0) if design.order == "seed0" else decide.block_order(names, b, seed)
     t = np.zeros((k, b))
     for j, order in enumerate(orders):
         for pos, name in enumerate(order):
@@ -138,6 +141,8 @@ def simulate(true_log_ratio: np.ndarray, design: Design, noise: Noise, sweeps: i
     drift = noise.drift_total * (tau - 0.5) + noise.drift_amp * np.sin(2 * math.pi * noise.drift_periods * tau + phase)
     x = (np.asarray(true_log_ratio)[None, :, None, None, None]
          + drift[..., None, None]
+         + noise.first_launch * (times == 0)[..., None, None]
+         + noise.position * (times % k == 0)[..., None, None]
          + _draw(rng, (s, 1, b, 1, 1), sd_block, noise.tails)
          + _draw(rng, (s, k, b, 1, 1), sd_launch, noise.tails)
          + _draw(rng, (s, k, b, m, 1), sd_cell, noise.tails)

@@ -19,6 +19,7 @@ SMOKE = {
     "client_fidelity.py": ["--out", "{tmp}"],
     "pairing_gain.py": [],
     "compare_calibration.py": [],
+    "order_designs.py": [],
 }
 # script -> the test that runs it
 RUN_ELSEWHERE = {

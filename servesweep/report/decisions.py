@@ -130,7 +130,7 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
                     + " (a block a config is missing from gives its comparisons no pair there)")
     else:
         launches = (f"{blocks} block{'s' if blocks != 1 else ''} (every config launched {blocks} "
-                    f"time{'s' if blocks != 1 else ''}, in a fresh random order each block)")
+                    f"time{'s' if blocks != 1 else ''}, in the order the design drew for each block)")
     text = (f"**Resolution** — {launches}, {'/'.join(map(str, rounds)) or '?'} round(s) of the matrix per launch; "
             f"{design.get('comparisons', 0)} comparisons against the baseline ({made}), false-discovery rate "
             f"{100 * rule.get('alpha', 0.05):.0f} % over them (Benjamini–Hochberg), equivalence margin "
