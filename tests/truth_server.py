@@ -33,6 +33,10 @@ first request after it wrote a trace (as an SGLang 0.5.17 server with a draft mo
 - ``prefill_tok_s`` (default 20000): prompt tokens per second before the first token.
 - ``usage_factor`` (default 1): the usage event reports this many times the tokens streamed (a server that
   over-reports its tokens, which the pipeline must not rank).
+- ``accept_length``: report llama-server's speculative counters as if each verify step committed this many tokens
+  (``llamacpp:spec_decode_num_drafts_total`` = tokens / L, accepted = tokens − steps, drafted = steps ×
+  ``--spec-draft-n-max``); ``"argv"`` takes L from ``--spec-synth-len`` (a server that honours a simulated
+  acceptance), a number ignores it (one whose counters disagree with the setting). Unset: no speculative counters.
 - ``seed``: with ``counter_file`` (a path), the launch seed is ``seed`` + a counter kept in that file (each launch
   takes the next number under a file lock: reproducible over a run); without it the seed comes from ``seed``, the
   pid and the clock (different per launch).
@@ -108,8 +112,10 @@ def launch_seed(truth: dict) -> int:
 def parse_argv(argv: list[str]) -> dict:
     """The llama-server flags this server uses; all others are ignored (a flag's value is skipped with it)."""
     wanted = {"--port": "port", "--host": "host", "--alias": "alias", "--parallel": "parallel", "-np": "parallel",
-              "--truth-speed": "speed", "--ctx-size": "ctx_size", "-c": "ctx_size"}
-    out = {"port": 8080, "host": "127.0.0.1", "alias": "truth-model", "parallel": 1, "speed": None, "ctx_size": None}
+              "--truth-speed": "speed", "--ctx-size": "ctx_size", "-c": "ctx_size", "--spec-synth-len": "synth_len",
+              "--spec-draft-n-max": "draft_max"}
+    out = {"port": 8080, "host": "127.0.0.1", "alias": "truth-model", "parallel": 1, "speed": None, "ctx_size": None,
+           "synth_len": None, "draft_max": 16}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -123,7 +129,26 @@ def parse_argv(argv: list[str]) -> dict:
     out["port"], out["parallel"] = int(out["port"]), max(1, int(out["parallel"]))
     out["speed"] = float(out["speed"]) if out["speed"] is not None else None
     out["ctx_size"] = int(out["ctx_size"]) if out["ctx_size"] is not None else None
+    out["synth_len"] = float(out["synth_len"]) if out["synth_len"] is not None else None
+    out["draft_max"] = int(out["draft_max"])
     return out
+
+
+def spec_counters(truth: dict, args: dict, decoded: int) -> str:
+    """llama-server's speculative counters for ``decoded`` tokens at the truth's ``accept_length`` ("" when unset)."""
+    length = truth.get("accept_length")
+    if length is None:
+        return ""
+    length = args["synth_len"] if length == "argv" else float(length)
+    if not length:
+        return ""
+    steps = int(round(decoded / length))
+    accepted = decoded - steps
+    lines = []
+    for name, value in (("spec_decode_num_drafts_total", steps), ("spec_decode_num_accepted_tokens_total", accepted),
+                        ("spec_decode_num_draft_tokens_total", steps * args["draft_max"])):
+        lines += [f"# TYPE llamacpp:{name} counter", f"llamacpp:{name} {value}"]
+    return "\n".join(lines) + "\n"
 
 
 class Truth:
@@ -210,7 +235,8 @@ class Handler(BaseHTTPRequestHandler):
                     "# TYPE llamacpp:requests_processing gauge\n"
                     f"llamacpp:requests_processing {STATE.active}\n"
                     "# TYPE llamacpp:requests_deferred gauge\n"
-                    f"llamacpp:requests_deferred {STATE.waiting}\n")
+                    f"llamacpp:requests_deferred {STATE.waiting}\n"
+                    + spec_counters(STATE.truth, STATE.args, STATE.decoded))
             self._send(200, text.encode(), "text/plain; version=0.0.4")
         else:
             self._json({"error": {"message": "not found"}}, 404)
