@@ -359,14 +359,10 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
                 resolution.append({"load": load, "level": level, "metric": metric, "comparisons": len(mdes),
                                    "mde_median": float(pd.Series(mdes).median()), "mde_max": float(max(mdes))})
     designs = pd.Series([r["design"] for r in decided]).value_counts().to_dict() if decided else {}
-    order = {}
-    if not repeats.empty and {"block", "block_position"} <= set(repeats):
-        slots = repeats[["config", "block", "block_position"]].drop_duplicates().sort_values(["block", "block_position"])
-        orders = [list(g["config"]) for _, g in slots.groupby("block", sort=True)]
-        balance = decide.order_balance(orders)
-        seeds = sorted({m["order_seed"] for m in metas if m.get("order_seed") is not None})
-        order = {"orders": orders, "orders_balanced": balance["balanced"],
-                 "positions_balanced": balance["positions_balanced"], "order_seeds": seeds}
+    orders = compare.recorded_orders(repeats)
+    balance = decide.order_balance(orders)
+    order = {"orders": orders, "orders_balanced": balance["balanced"], "positions_balanced": balance[
+        "positions_balanced"], "order_seeds": sorted({m["order_seed"] for m in metas if m.get("order_seed") is not None})}
     return {"blocks": len(blocks), "launches": launches_measured(repeats), "rounds_per_launch": rounds, **order,
             "designs": designs, "undecided": len(undecided),
             "rule": {"alpha": rule.alpha, "margin": rule.margin, "min_effect": rule.min_effect, "power": rule.power,
@@ -456,7 +452,9 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
                             + ("ran" if status[cfg].ran else "never drafted" if status[cfg].ran is False
                                else "not reported")),
             "verdict": verdict,
-            "per_request_verdict": f"left out: {left_out}" if left_out else u.get("verdict", decide.NOT_MEASURABLE),
+            # a speculative config that never drafted measured plain decoding: neither figure gets a verdict
+            "per_request_verdict": (f"left out: {left_out}" if left_out else FAILED_SPECULATION
+                                    if verdict == FAILED_SPECULATION else u.get("verdict", decide.NOT_MEASURABLE)),
             "client_bound": bool(mine.get("client_bound", pd.Series([False])).fillna(False).iloc[0]
                                  or base.get("client_bound", pd.Series([False])).fillna(False).iloc[0]),
         })
@@ -492,10 +490,9 @@ def design_table(speedup: pd.DataFrame, metas: list[dict], repeats: pd.DataFrame
          "ratio": r["speedup"], "lo": r["speedup_lo"], "hi": r["speedup_hi"], "verdict": r["verdict"],
          "per_request_ratio": r["per_request_speedup"], "per_request_verdict": r["per_request_verdict"]}
         for r in checks.to_dict("records")]
+    # any call of a difference, on either figure, is the alarm: the copy is identical by construction
     out["replicate_differs"] = sorted({c["config"] for c in out["replicate_check"]
-                                       if c["verdict"] in (decide.FASTER, decide.SLOWER)
-                                       or c["per_request_verdict"] in (decide.FASTER, decide.SLOWER)
-                                       or str(c["verdict"]).startswith(("faster,", "slower,"))})
+                                       if decide.differs(c["verdict"]) or decide.differs(c["per_request_verdict"])})
     return out
 
 

@@ -109,3 +109,12 @@ def design_words(design: str, n: int) -> str:
         return (f"{n}+ rounds of one launch each, unpaired: launch-to-launch variation and drift between the two "
                 "launches are not in the interval")
     return "no interval"
+
+
+def recorded_orders(repeats: pd.DataFrame) -> list[list[str]]:
+    """The launch order each block ran, from the repeats' ``block`` and ``block_position`` columns (blocks in
+    turn); [] where they are absent."""
+    if repeats is None or repeats.empty or not {"config", "block", "block_position"} <= set(repeats):
+        return []
+    slots = repeats[["config", "block", "block_position"]].drop_duplicates().sort_values(["block", "block_position"])
+    return [list(g["config"]) for _, g in slots.groupby("block", sort=True)]

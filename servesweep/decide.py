@@ -14,7 +14,8 @@ Verdicts (docs/measurement.md, "When the report calls a difference"):
   Benjamini–Hochberg procedure at false-discovery rate ``alpha`` over all the sweep's comparisons;
 - **equivalent within ±m**: the two one-sided tests (Schuirmann's TOST) reject "the ratio lies outside
   [1/(1+m), 1+m]", again under Benjamini–Hochberg over the sweep's comparisons;
-- both: "faster, within ±m"; neither: **inconclusive**, with the blocks that would likely decide it.
+- both: "different but within ±m (faster)", never counted as a win; neither: **inconclusive**, with the blocks
+  that would likely decide it.
 
 Every comparison also states its minimum detectable effect: the smallest ratio the design finds with ``power``
 (80 %) at the strictest level Benjamini–Hochberg can ask of it (alpha / number of comparisons).
@@ -311,6 +312,12 @@ def blocks_to_decide(est: Estimate, rule: Rule, comparisons: int, most: int = 20
     return int(lo)
 
 
+def differs(verdict) -> bool:
+    """Whether a verdict calls two configs different at all: faster, slower, or different but within the margin."""
+    v = str(verdict)
+    return v in (FASTER, SLOWER) or v.startswith(DIFFERENT_WITHIN)
+
+
 @dataclass(frozen=True)
 class Decision:
     estimate: Estimate
@@ -324,10 +331,16 @@ class Decision:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+DIFFERENT_WITHIN = "different but within"
+
+
 def verdict_text(faster_or_slower: str | None, equivalent: bool, margin: float) -> str:
+    """A verdict in words. Both tests passing — a difference that lies inside the margin — reads "different but
+    within ±m (faster)": a difference too small to matter by the sweep's own margin, never a win (it does not start
+    with "faster" or "slower", which is what every tally, pick and headline counts)."""
     within = f"equivalent within ±{margin:.0%}"
     if faster_or_slower and equivalent:
-        return f"{faster_or_slower}, within ±{margin:.0%}"
+        return f"{DIFFERENT_WITHIN} ±{margin:.0%} ({faster_or_slower})"
     if faster_or_slower:
         return faster_or_slower
     return within if equivalent else INCONCLUSIVE
@@ -404,7 +417,8 @@ def block_order(configs: Sequence[str], blocks: int, seed: int) -> list[list[str
     Within every cycle of K blocks (2K for an odd count of configs) each config holds each position once and
     follows each other config once, so a first-launch or position effect (the sweep's first launch differed from
     that config's later ones by -29 to +8 % in the recorded examples, docs/measurement.md) falls on every config
-    alike instead of on whichever sorted first. The design is randomised — a random assignment of configs to its
+    alike instead of on whichever sorted first; for an odd count each half cycle (K blocks) already balances the
+    positions. The design is randomised — a random assignment of configs to its
     treatments and a random order of its rows, drawn afresh each cycle from ``seed`` — so that a drift of the host
     over the sweep is not aligned with it. Blocks past the last full cycle take that cycle's first rows and are
     not balanced: ``order_balance`` says so. The seed is drawn afresh per sweep unless ``design.order_seed`` fixes
@@ -413,11 +427,19 @@ def block_order(configs: Sequence[str], blocks: int, seed: int) -> list[list[str
     names = sorted(configs)
     rows = williams_rows(len(names))
     out: list[list[str]] = []
+    k = len(names)
     while len(out) < blocks:
         labels = names[:]
         rng.shuffle(labels)
-        cycle = rows[:]
-        rng.shuffle(cycle)
+        # For an odd count the cycle's two halves (the Latin square and its mirror) are each a Latin square: each
+        # half is shuffled on its own, so that the first K blocks already balance the positions.
+        halves = [rows[:k], rows[k:]] if len(rows) > k else [rows]
+        rng.shuffle(halves)
+        cycle = []
+        for half in halves:
+            half = half[:]
+            rng.shuffle(half)
+            cycle += half
         out += [[labels[i] for i in row] for row in cycle]
     return out[:blocks]
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 PROMPTS = r"(?:synthetic \d+-token|[\w-]+) prompts"
 ITEM = re.compile(r"`(?P<cfg>[^`]+)` (?P<ratio>[\d.]+)× (?:\[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]|\(no interval\)),? "
-                  r"(?P<verdict>faster, within ±\d+%|slower, within ±\d+%|faster|slower|equivalent within ±\d+%|"
+                  r"(?P<verdict>different but within ±\d+% \((?:faster|slower)\)|faster|slower|equivalent within ±\d+%|"
                   r"inconclusive|not measurable|no verdict: one launch per config|not compared: host busy|failed measurement: speculation never ran)")
 
 

@@ -130,6 +130,12 @@ def test_block_orders_are_balanced_over_each_cycle_and_seeded():
     assert len(firsts) > 8  # the seed randomises which order comes first, and which config gets which treatment
 
 
+def test_half_a_cycle_of_an_odd_count_balances_the_positions():
+    for seed in range(20):
+        assert decide.order_balance(decide.block_order(list("abc"), 3, seed))["positions_balanced"]
+        assert decide.order_balance(decide.block_order(list("abcde"), 5, seed))["positions_balanced"]
+
+
 def test_a_partial_cycle_is_said_to_be_unbalanced():
     orders = decide.block_order(["a", "b"], 3, seed=1)
     balance = decide.order_balance(orders)
@@ -203,3 +209,12 @@ def test_no_projection_from_an_sd_of_fewer_than_three_degrees_of_freedom():
     four = decide.paired({i: 1.0 for i in range(4)}, {i: 1.05 + 0.04 * (i % 2) for i in range(4)})
     assert decide.blocks_to_decide(three, decide.Rule(), 4) is None
     assert decide.blocks_to_decide(four, decide.Rule(), 4) > 4
+
+
+def test_a_difference_inside_the_margin_is_never_a_win():
+    """Both tests passing reads "different but within ±m (faster)": not a string any tally counts as faster."""
+    text = decide.verdict_text(decide.FASTER, True, 0.05)
+    assert text == "different but within ±5% (faster)"
+    assert not text.startswith((decide.FASTER, decide.SLOWER)) and decide.differs(text)
+    assert decide.differs(decide.SLOWER) and not decide.differs("equivalent within ±5%")
+    assert not decide.differs(decide.INCONCLUSIVE)

@@ -108,7 +108,12 @@ def test_pipeline_end_to_end(workdir):
     first = repeats.groupby(["block", "config"])["cell_start"].min().reset_index()
     orders = [list(g.sort_values("cell_start")["config"]) for _, g in first.groupby("block")]
     from servesweep.decide import block_order
-    assert orders == block_order(["ar", "ar-copy", "ngram"], 3, 0)
+    seed = json.loads((workdir / "results/design/order_seed.json").read_text())["order_seed"]  # drawn for this sweep
+    assert orders == block_order(["ar", "ar-copy", "ngram"], 3, seed)
+    design = json.loads((workdir / "results/tables/noise.json").read_text())
+    # 3 configs in 3 blocks: half a Williams cycle, a Latin square (each config first once), not yet balanced for
+    # which config follows which
+    assert design["orders"] == orders and design["order_seeds"] == [seed] and design["positions_balanced"] is True
     for cfg in ("ar", "ngram", "ar-copy"):
         run = workdir / "results/runs" / cfg
         meta = json.loads((run / "meta.json").read_text())

@@ -38,8 +38,9 @@ def skip_reason(sc, settings: CorrectnessSettings) -> str | None:
     """Why this config gets no coding eval and no lossless check, or None."""
     if not settings.enabled:
         return "correctness.enabled is false"
-    if sc.simulation is not None:
-        return (f"its acceptance is simulated ({sc.simulation.words()}): the engine commits draft tokens it did not "
+    simulation = getattr(sc, "simulation", None)
+    if simulation is not None:
+        return (f"its acceptance is simulated ({simulation.words()}): the engine commits draft tokens it did not "
                 "verify, so its output is not the model's")
     if sc.model.get("load_format") == "dummy":
         return (f"model `{sc.model_name}` has load_format: dummy (random weights), so its answers carry no "

@@ -391,8 +391,7 @@ def order_effect(repeats: pd.DataFrame | None, metas: list[dict]) -> list[str]:
         return []
     words = ", ".join(f"position {int(p) + 1}: {100 * (math.exp(r['mean']) - 1):+.1f} % ({int(r['count'])} launches)"
                       for p, r in by.iterrows())
-    slots = repeats[["config", "block", "block_position"]].drop_duplicates().sort_values(["block", "block_position"])
-    orders = [list(g["config"]) for _, g in slots.groupby("block", sort=True)]
+    orders = compare.recorded_orders(repeats)
     balance = decide.order_balance(orders)
     if balance["positions_balanced"]:
         held = ("each config held each position equally often"
