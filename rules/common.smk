@@ -1,6 +1,7 @@
 import importlib.resources
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ from servesweep.config import SCHEMA_RESOURCE, ConfigError, check_config
 from servesweep.correctness.job import coding_eval_configs
 from servesweep.engines import engine_names, get_engine
 from servesweep.envcheck import nvls_configs
-from servesweep.plan import bench_params, sweep_orders
+from servesweep.plan import bench_params, sweep_orders, sweep_plan_line
 
 # The library's check first (schema with key-naming messages, defaults, semantic checks), then Snakemake's own
 # validation against the package's schema. All of this happens while the DAG is built: before any server starts.
@@ -33,6 +34,9 @@ BASELINE = config["baseline"]
 # Blocks (docs/measurement.md, "Blocks"): every config is launched once per block, in the block's order.
 BLOCKS = list(range(config["design"]["blocks"]))
 BLOCK_ORDER = sweep_orders(config)
+# What the sweep costs, before anything runs (also under `snakemake -n`); cluster jobs re-read this file and say nothing.
+if "SERVESWEEP_RUN" not in os.environ:
+    print(sweep_plan_line(config), file=sys.stderr)
 # One id per invocation of snakemake, inherited by every job it starts (cluster jobs through sbatch --export=ALL):
 # two configs' launches of one block are paired in time only when they were measured in the same run. Not a param:
 # a new run must not re-measure what an earlier one measured.

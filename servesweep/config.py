@@ -81,6 +81,9 @@ def schema_problems(config: dict) -> list[tuple[str, str, str]]:
             problems.append((key, err.message, f"use one of {err.validator_value}"))
         elif err.validator == "type":
             problems.append((key, err.message, f"give a value of type {err.validator_value}"))
+        elif err.validator in ("maximum", "exclusiveMaximum"):
+            problems.append((key, f"{err.instance!r} is more than this sweep can run (at most {err.validator_value})",
+                             f"lower it to {err.validator_value} or less"))
         else:
             problems.append((key, err.message, "correct the value (see config/README.md)"))
     return problems

@@ -359,6 +359,29 @@ def sweep_orders(config: dict) -> list[list[str]]:
     return block_order(sorted(config["server_configs"]), config["design"]["blocks"], resolve_order_seed(config))
 
 
+def sweep_plan_line(config: dict) -> str:
+    """What a checked config's sweep costs, as the plan and the first line of a run say it: its launches (configs ×
+    blocks), cells and rounds, the measurement time it cannot take less than (every cell's warm-up and measured
+    window at their set minimums) and the server start-ups on top, which only a run measures (each waits up to its
+    ``ready_timeout_s``)."""
+    from servesweep.progress import duration
+
+    names = sorted(config["server_configs"])
+    blocks = int(config["design"]["blocks"])
+    floor, cells, longest_wait = 0.0, [], 0.0
+    for name in names:
+        job = BenchJob.from_config(name, config)
+        n = len(job.matrix.cells()) + len(job.matrix.rate_cells())
+        cells.append(n)
+        floor += blocks * n * job.matrix.repeats * (job.matrix.warmup_s + job.matrix.measure_s)
+        longest_wait = max(longest_wait, job.server.ready_timeout_s)
+    launches = len(names) * blocks
+    span = f"{min(cells)}" if min(cells) == max(cells) else f"{min(cells)}–{max(cells)}"
+    return (f"plan: {launches} launches ({len(names)} configs × {blocks} blocks), {span} cells each; measurement at "
+            f"least {duration(floor)} (every cell's warm-up and window at their minimums), plus {launches} server "
+            f"start-ups (each up to {duration(longest_wait)}, ready_timeout_s)")
+
+
 def sweep_launches(config: dict) -> list[str]:
     """Every launch of a checked config's sweep, ``<cfg>.b<block>``, blocks in turn: for the line each bench job
     prints as it starts. Read from the config by the bench job itself, not passed as a rule param: a param that

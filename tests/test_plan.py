@@ -86,3 +86,40 @@ def test_a_draft_configs_meta_names_its_draft():
                        SimpleNamespace(argv=[], env={}), 1, [], HeldHost(SimpleNamespace(paths=[], waited_s=0.0), []))
     assert list(meta)[-4:] == ["draft_model", "draft_model_path", "draft_model_bytes", "host_lease"]
     assert (meta["draft_model"], meta["draft_model_path"], meta["draft_model_bytes"]) == ("d", "/d.gguf", 15)
+
+
+def test_the_plan_states_its_cost(default_config):
+    """The line `snakemake -n` prints: launches, cells, the measurement floor and the start-ups on top."""
+    from servesweep.plan import sweep_plan_line
+
+    config = check_config(default_config)
+    line = sweep_plan_line(config)
+    configs, blocks = len(config["server_configs"]), config["design"]["blocks"]
+    assert line.startswith(f"plan: {configs * blocks} launches ({configs} configs × {blocks} blocks)")
+    assert f"plus {configs * blocks} server start-ups" in line
+    more = check_config({**default_config, "design": {"blocks": 2 * blocks}})
+    assert f"plan: {2 * configs * blocks} launches" in sweep_plan_line(more)
+
+
+@pytest.mark.parametrize("path, value, key", [
+    (("matrix", "measure", "seconds"), 1e12, "matrix.measure.seconds"),
+    (("matrix", "repeats"), 1000000, "matrix.repeats"),
+    (("design", "blocks"), 100000, "design.blocks"),
+])
+def test_absurd_durations_are_refused_with_the_key(default_config, path, value, key):
+    from servesweep.config import schema_problems
+
+    node = default_config
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    problems = [p for p in schema_problems(default_config) if p[0] == key]
+    assert problems and "more than this sweep can run" in problems[0][1] and problems[0][2].startswith("lower it")
+
+
+def test_an_absurd_stop_grace_is_refused(default_config):
+    from servesweep.config import schema_problems
+
+    name = next(iter(default_config["server_configs"]))
+    default_config["server_configs"][name]["stop_grace_s"] = 1e9
+    assert any(p[0] == f"server_configs.{name}.stop_grace_s" for p in schema_problems(default_config))
