@@ -359,11 +359,8 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
                 resolution.append({"load": load, "level": level, "metric": metric, "comparisons": len(mdes),
                                    "mde_median": float(pd.Series(mdes).median()), "mde_max": float(max(mdes))})
     designs = pd.Series([r["design"] for r in decided]).value_counts().to_dict() if decided else {}
-    orders = compare.recorded_orders(repeats)
-    balance = decide.order_balance(orders)
-    order = {"orders": orders, "orders_balanced": balance["balanced"], "positions_balanced": balance[
-        "positions_balanced"], "order_seeds": sorted({m["order_seed"] for m in metas if m.get("order_seed") is not None})}
-    return {"blocks": len(blocks), "launches": launches_measured(repeats), "rounds_per_launch": rounds, **order,
+    return {"blocks": len(blocks), "launches": launches_measured(repeats), "rounds_per_launch": rounds,
+            **compare.order_summary(repeats, metas),
             "designs": designs, "undecided": len(undecided),
             "rule": {"alpha": rule.alpha, "margin": rule.margin, "min_effect": rule.min_effect, "power": rule.power,
                      "error_control": "Benjamini–Hochberg false-discovery rate over the sweep's comparisons"},
@@ -437,6 +434,8 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
             verdict = FAILED_SPECULATION
         elif compare.busy(repeats, cfg, key) or compare.busy(repeats, baseline, key):
             verdict = HOST_BUSY
+        elif dict(zip(CELL_KEYS, key))["load"] == "rate" and verdict not in (decide.NOT_MEASURABLE, decide.UNDECIDED):
+            verdict = decide.LOAD_SET  # the arrival schedule sets an open-loop cell's tokens and window, not the server
         out.append({
             "config": cfg, **dict(zip(CELL_KEYS, key)),
             "agg_output_tok_s": mine["agg_output_tok_s"].iloc[0],

@@ -118,3 +118,12 @@ def recorded_orders(repeats: pd.DataFrame) -> list[list[str]]:
         return []
     slots = repeats[["config", "block", "block_position"]].drop_duplicates().sort_values(["block", "block_position"])
     return [list(g["config"]) for _, g in slots.groupby("block", sort=True)]
+
+
+def order_summary(repeats: pd.DataFrame, metas: list[dict]) -> dict:
+    """noise.json's record of the orders: those the blocks ran, whether they were balanced (``decide.order_balance``)
+    and the seeds the launches' meta.json name."""
+    orders = recorded_orders(repeats)
+    balance = decide.order_balance(orders)
+    return {"orders": orders, "orders_balanced": balance["balanced"], "positions_balanced": balance["positions_balanced"],
+            "order_seeds": sorted({m["order_seed"] for m in metas if m.get("order_seed") is not None})}

@@ -332,6 +332,11 @@ class Decision:
 
 
 DIFFERENT_WITHIN = "different but within"
+# Throughput at an open-loop (request-rate) cell: the tokens in the window are the arrival schedule's and the window
+# ends when one request finishes, so launches of one config differ by ~0.01 % and a 36 ms later finish of one request
+# once made an identical copy "slower" (docs/performance.md); an identical copy was also called 1.08× "faster" at
+# 1 req/s on a 2-core host. Per-request speed and latency stay decided there.
+LOAD_SET = "not decided: the offered load sets throughput here"
 
 
 def verdict_text(faster_or_slower: str | None, equivalent: bool, margin: float) -> str:
