@@ -277,7 +277,9 @@ def test_timeout():
                            request_timeout_s=0.2)
     assert time.monotonic() - t0 < 2
     assert rec["error"].startswith("TimeoutError") and "request_timeout_s" in rec["error"]
-    assert 0.2 <= rec["end"] - rec["send"] < 1
+    # the record's wall-clock stamps may sit a few hundred microseconds inside the loop's monotonic timeout (seen:
+    # 0.19995 s in a fresh-clone suite run)
+    assert 0.19 <= rec["end"] - rec["send"] < 1
 
 
 def test_connection_refused():
