@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -26,29 +27,54 @@ def _server_log(run: Path) -> str | None:
     return None
 
 
+LAUNCH_MARK = re.compile(r"^==== servesweep: block (\d+),", re.M)
+
+
+def launch_log(text: str, block: int | None) -> str:
+    """The part of a collected ``server.log`` that the launch of ``block`` wrote: the collect step joins the
+    launches' logs, each under a ``==== servesweep: block N, …`` line, and a fact read per launch (the first weight
+    load is the target's) must not read another launch's lines. The whole text where it has no such lines."""
+    marks = list(LAUNCH_MARK.finditer(text))
+    for i, m in enumerate(marks):
+        if int(m.group(1)) == (block or 0):
+            return text[m.start():marks[i + 1].start() if i + 1 < len(marks) else len(text)]
+    return text if not marks else ""
+
+
 def metas_with_log_facts(runs: list[Path], scratch: Path) -> list[Path]:
     """Each run's meta.json path; where its record lacks start-up facts that its engine now reads from the server
-    log (``Engine.log_facts_for_old_runs``) and the run folder has that log, a copy under ``scratch`` with them
-    added (nothing already recorded is changed)."""
+    log (``Engine.log_facts_for_old_runs``), or holds one whose reading was corrected since
+    (``Engine.log_facts_corrected``), and the run folder has that log, a copy under ``scratch`` with the facts read
+    again from the log of the launch the record describes (its keys listed in ``startup_phases_reread``); every other
+    recorded value is kept."""
     from servesweep.engines import engine_names, get_engine
 
-    paths = []
+    paths, rewritten = [], False
     for run in runs:
         paths.append(run / "meta.json")
         meta = json.loads(paths[-1].read_text())
         engine = get_engine(meta["engine"]) if meta.get("engine") in engine_names() else None
         phases = meta.get("startup_phases") or {}
         missing = [k for k in (engine.log_facts_for_old_runs if engine else ()) if k not in phases]
-        text = _server_log(run) if missing else None
+        corrected = list(engine.log_facts_corrected) if engine else []
+        text = launch_log(_server_log(run) or "", meta.get("block")) if missing or corrected else None
         if not text:
             continue
         found = engine.startup_phases(engine.parse_log(text))
         added = {k: found[k] for k in missing if k in found}
+        added.update({k: found[k] for k in corrected if k in found and phases.get(k) != found[k]})
         if added:
-            meta["startup_phases"] = {**phases, **added}
+            meta["startup_phases"] = {**phases, **added, "startup_phases_reread": sorted(added)}
             scratch.mkdir(parents=True, exist_ok=True)
             paths[-1] = scratch / f"{run.name}.meta.json"
             paths[-1].write_text(json.dumps(meta))
+            rewritten = True
+    if rewritten:  # the report orders configs by their meta's path: keep every one beside the copies
+        scratch.mkdir(parents=True, exist_ok=True)
+        for i, (run, path) in enumerate(zip(runs, paths)):
+            if path.parent != scratch:
+                paths[i] = scratch / f"{run.name}.meta.json"
+                paths[i].write_bytes(path.read_bytes())
     return paths
 
 

@@ -86,5 +86,10 @@ def annotate(cells, meta: dict):
                    for c, x in zip(cells["concurrency"], cells["ctx"])]
         cells["decode_ceiling_tok_s"] = ceiling
         cells["pct_of_ceiling"] = 100 * cells["agg_output_tok_s"] / cells["decode_ceiling_tok_s"]
+    from servesweep.speculation import requested_method
+
+    if bandwidth is not None and requested_method(meta):
+        note += ("; that is autoregressive decoding's ceiling (one token per sequence per pass over the weights): a "
+                 "speculative server commits several tokens per verify pass, so it can exceed 100 % of it")
     cells["roofline_note"] = note
     return cells

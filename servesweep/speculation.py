@@ -59,6 +59,11 @@ def _requested(meta: dict) -> tuple[str | None, str]:
     return None, ""
 
 
+def requested_method(meta: dict) -> str | None:
+    """The speculative method a launch's meta.json asked for (options or labels), or None."""
+    return _requested(meta)[0]
+
+
 def _cell_state(row: pd.Series) -> tuple[str, float, float, float]:
     """('drafted' | 'zero' | 'unknown', drafted tokens, accepted tokens, verify steps) for one cell."""
     drafted, accepted, verify = (_num(row.get(c)) for c in (SPEC_DRAFTED, SPEC_ACCEPTED, SPEC_VERIFY))

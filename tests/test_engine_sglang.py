@@ -344,3 +344,41 @@ def test_findings_name_the_speculative_request_cap_and_eager_decoding():
                         f"SGLang resets max-running-requests to {cap} for speculative decoding when it is unset; set "
                         "`options.max_running_requests`.")
     assert len(lines) == 3  # the config that ran 2 × cap requests at once, and the one at C = cap, are not capped
+
+
+def test_a_speculative_servers_second_weight_load_is_the_drafts(tmp_path):
+    """SGLang logs the target's weight load, then the draft model's: the first is the server's weights, the second
+    the draft's. A report rebuilt from a run recorded before that reading (the DFLASH launch in
+    examples/h100-sglang-dense-13b-sim recorded the draft's 3.17 GB as its weights) reads both again from the log of
+    the launch its meta.json describes, never from another launch's lines."""
+    import json
+
+    from servesweep.rebuild import launch_log, metas_with_log_facts
+
+    engine = get_engine("sglang")
+    log = ("[2026-12-06 04:49:39] Load weight end. elapsed=0.13 s, type=LlamaForCausalLM, avail mem=54.41 GB, "
+           "mem usage=24.07 GB.\n"
+           "[2026-12-06 04:49:40] Load weight end. elapsed=0.01 s, type=DFlashDraftModel, avail mem=51.23 GB, "
+           "mem usage=3.17 GB.\n")
+    phases = engine.startup_phases(engine.parse_log(log))
+    assert (phases["weights_gb"], phases["load_weights_s"]) == (24.07, 0.13)
+    assert (phases["draft_weights_gb"], phases["draft_load_weights_s"]) == (3.17, 0.01)
+    plain = engine.startup_phases(engine.parse_log(log.splitlines(keepends=True)[0]))
+    assert plain["weights_gb"] == 24.07 and "draft_weights_gb" not in plain
+
+    joined = ("==== servesweep: block 0, server started at 1 ====\nA\n"
+              "==== servesweep: block 1, server started at 2 ====\nB\n")
+    assert launch_log(joined, 0).endswith("A\n") and "B" not in launch_log(joined, 0)
+    assert launch_log(joined, 1).endswith("B\n") and "A\n" not in launch_log(joined, 1)
+    assert launch_log("no marks\n", 3) == "no marks\n" and launch_log(joined, 5) == ""
+
+    run = Path(__file__).parent.parent / "examples" / "h100-sglang-dense-13b-sim" / "runs" / "dflash-sim"
+    recorded = json.loads((run / "meta.json").read_text())["startup_phases"]
+    assert recorded["weights_gb"] == 3.17 and "draft_weights_gb" not in recorded
+    (path,) = metas_with_log_facts([run], tmp_path)
+    reread = json.loads(path.read_text())["startup_phases"]
+    assert (reread["weights_gb"], reread["draft_weights_gb"]) == (24.07, 3.17)
+    assert reread["startup_phases_reread"] == ["draft_weights_gb", "load_weights_s", "weights_gb"]
+    assert {k: v for k, v in reread.items() if k not in ("weights_gb", "load_weights_s", "draft_weights_gb",
+                                                         "startup_phases_reread")} == \
+        {k: v for k, v in recorded.items() if k not in ("weights_gb", "load_weights_s")}

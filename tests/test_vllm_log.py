@@ -313,7 +313,10 @@ def test_a_rebuilt_report_reads_the_runner_from_an_older_runs_log(tmp_path):
     runs = [examples / "h200-vllm" / "runs" / "gemma-ar", examples / "h200-vllm" / "runs" / "gemma-ngram",
             examples / "h200-sglang-qwen-draft-paired" / "runs" / "ar"]
     paths = metas_with_log_facts(runs, tmp_path / "scratch")
-    assert paths[2] == runs[2] / "meta.json"
+    # the SGLang run needs nothing read again: it is copied as recorded, beside the others (the report orders
+    # configs by their meta's path)
+    assert paths[2] == tmp_path / "scratch" / "ar.meta.json"
+    assert paths[2].read_bytes() == (runs[2] / "meta.json").read_bytes()
     for run, path in zip(runs[:2], paths[:2]):
         assert path.parent == tmp_path / "scratch"
         old, new = json.loads((run / "meta.json").read_text()), json.loads(path.read_text())

@@ -180,6 +180,9 @@ class Engine(abc.ABC):
     # log where its meta.json predates them (servesweep.rebuild): facts of the whole launch that every launch of a
     # config shares, never timings.
     log_facts_for_old_runs: tuple[str, ...] = ()
+    # Start-up facts whose reading from the log was corrected: a rebuilt report reads them again from the log of the
+    # launch its meta.json describes, in place of the recorded value (servesweep.rebuild).
+    log_facts_corrected: tuple[str, ...] = ()
 
     # --- configuration -----------------------------------------------------------------------------------------
     def series_by_default(self, settings: dict) -> bool:

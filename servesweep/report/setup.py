@@ -183,7 +183,9 @@ def workloads_section(metas: list[dict], cells: pd.DataFrame) -> list[str]:
                      f"{_fmt(p.get('p50'), '.0f')}/{_fmt(p.get('p90'), '.0f')}, output tokens (capped at the "
                      f"matrix's output_tokens) p10/p50/p90 {_fmt(o.get('p10'), '.0f')}/{_fmt(o.get('p50'), '.0f')}/"
                      f"{_fmt(o.get('p90'), '.0f')}." + (f" {note}" if note else ""))
-    spec_cfgs = {m["config"] for m in metas if m.get("speculative")}
+    # a simulated acceptance is the setting whatever the text: no caveat about the text it was measured on
+    spec_cfgs = {m["config"] for m in metas
+                 if m.get("speculative") and (m.get("speculation") or {}).get("simulated_accept_length") is None}
     if spec_cfgs and "workload" in cells:
         measured_on = set(cells[cells["config"].isin(spec_cfgs)]["workload"])
         if measured_on <= {"synthetic"}:

@@ -246,11 +246,16 @@ def cost_lines(cells: pd.DataFrame, metas: list[dict], specs: list[SpecConfig], 
     lines = []
     for s in specs:
         parts = []
-        if s.draft_model:
-            parts.append(f"draft model `{s.draft_model}`, "
-                         + (f"{s.draft_model_bytes / 2 ** 20:,.0f} MiB of weights" if s.draft_model_bytes
-                            else "its size not recorded in meta.json"))
         meta, base_meta = by_config.get(s.config, {}), by_config.get(baseline, {})
+        if s.draft_model:
+            loaded = (meta.get("startup_phases") or {}).get("draft_weights_gb")
+            dummy = meta.get("load_format") == "dummy"  # the files hold a config and tokenizer, no weights
+            size = (f"{loaded:.2f} GB of random weights in GPU memory (the server's log)" if dummy and loaded is not None
+                    else "random weights, their size not in the server's log" if dummy
+                    else f"{s.draft_model_bytes / 2 ** 20:,.0f} MiB of weights" if s.draft_model_bytes
+                    else f"{loaded:.2f} GB of weights in GPU memory (the server's log)" if loaded is not None
+                    else "its size not recorded in meta.json")
+            parts.append(f"draft model `{s.draft_model}`, {size}")
         same_model = s.config != baseline and meta.get("model") == base_meta.get("model")
         if s.config == baseline:
             parts.append("it is the sweep's baseline itself, so no autoregressive config is set beside it: neither "
