@@ -6,6 +6,7 @@ import math
 import pandas as pd
 
 from servesweep import compare, decide
+from servesweep.report.sensitivity import block0_lines
 from servesweep.report import decisions as rd
 from servesweep.aggregate import interval_text, with_unit_columns
 from servesweep.chart_registry import charts_in, has_gpu_energy
@@ -251,6 +252,7 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
     rule = rule or decide.Rule()
     cells = with_unit_columns(cells, cost)
     lines = ["## Summary", ""] + rd.failures(metas or []) + rd.answers(cells, speedup, baseline)
+    lines += block0_lines(repeats, speedup, baseline)
     lines += summary_lines(cells, speedup, metas or [])
     # configs whose token counts cannot be trusted, or that measured nothing, are picked nowhere (Flags says why)
     cells = cells[~cells["config"].isin(set(design.get("untrusted") or {}))]
