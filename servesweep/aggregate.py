@@ -346,8 +346,8 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
     blocks = sorted({b for m in metas for b in [x.get("block") for x in m.get("blocks") or [m]] if b is not None})
     rounds = sorted({int(r) for r in repeats.groupby([c for c in ("config", *CELL_KEYS, "block") if c in repeats],
                                                      dropna=False).size()}) if not repeats.empty else []
-    decided = [r for r in rows if r["family"] == "sweep" and r["verdict"] not in (decide.NOT_MEASURABLE,
-                                                                                    decide.UNDECIDED)]
+    decided = [r for r in rows if r["family"] == "sweep"
+               and r["verdict"] not in (decide.NOT_MEASURABLE, decide.UNDECIDED, decide.LOAD_SET)]
     undecided = [r for r in rows if r["family"] == "sweep" and r["verdict"] == decide.UNDECIDED]
     resolution = []
     for (load, level), g in pd.DataFrame(decided or [{"load": None, "level": None}]).groupby(["load", "level"]):
@@ -370,7 +370,7 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
 def comparison_rows(repeats: pd.DataFrame, pairs: list[tuple[str, str, tuple]], rule: decide.Rule,
                     families: dict[tuple, str] | None = None) -> list[dict]:
     """Every (config, reference, cell) pair in ``pairs`` on both METRICS, decided family by family (``families``:
-    pair → family name; "sweep" by default)."""
+    pair → family name; "sweep" by default); throughput at an open-loop cell, the load's, apart ("load set")."""
     repeats = _keyed(repeats)
     rows = []
     for cfg, ref, key in pairs:
@@ -380,7 +380,8 @@ def comparison_rows(repeats: pd.DataFrame, pairs: list[tuple[str, str, tuple]], 
             est = compare.estimate(compare.cell_rows(repeats, ref, key), compare.cell_rows(repeats, cfg, key), column)
             rows.append({"config": cfg, "reference": ref, **dict(zip(CELL_KEYS, key)), "metric": metric,
                          "level": key[3] if key[2] == "concurrency" else key[4], "estimate": est,
-                         "family": (families or {}).get((cfg, ref, key), "sweep")})
+                         "family": "load set" if metric == "speedup" and key[2] == "rate"
+                         else (families or {}).get((cfg, ref, key), "sweep")})
     for family in sorted({r["family"] for r in rows}):
         members = [r for r in rows if r["family"] == family]
         for r, d in zip(members, decide.decide([r["estimate"] for r in members], rule)):
@@ -443,7 +444,7 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
             "speedup": t["ratio"], "speedup_lo": t["lo"], "speedup_hi": t["hi"],
             "per_request_speedup": u.get("ratio", math.nan), "per_request_speedup_lo": u.get("lo", math.nan),
             "per_request_speedup_hi": u.get("hi", math.nan),
-            "design": t["design"], "blocks": t["blocks"], "family": t["family"],
+            "design": t["design"], "blocks": t["blocks"], "family": families.get((cfg, baseline, key), "sweep"),
             "q": t["q"], "mde": t["mde"], "blocks_to_decide": t["blocks_to_decide"],
             "per_request_q": u.get("q", math.nan), "per_request_mde": u.get("mde", math.nan),
             "speculation": ("" if cfg not in status or status[cfg].requested is None else

@@ -338,7 +338,9 @@ def replicate_section(design: dict) -> list[str]:
     lines = ["Replicate check (identical copies of the baseline, decided as their own family; expected: nothing "
              "called):", ""]
     for c in checks:
-        lines.append(f"- `{c['config']}` {cell_label(c | {'concurrency': c['level']})}: "
+        rate = c.get("load") == "rate"  # an open-loop cell is named by its rate, not as "C=<rate>"
+        where = c | ({"concurrency": None, "request_rate": c["level"]} if rate else {"concurrency": c["level"]})
+        lines.append(f"- `{c['config']}` {cell_label(where)}: "
                      f"{ratio_text(c['ratio'], c['lo'], c['hi'])} {c['verdict']}; per user "
                      f"{_num(c['per_request_ratio'])}× {c['per_request_verdict']}.")
     return lines + [""]
