@@ -20,6 +20,8 @@ SMOKE = {
     "pairing_gain.py": [],
     "compare_calibration.py": [],
     "order_designs.py": [],
+    "first_launch.py": [],
+    "per_user_figure.py": [],
 }
 # script -> the test that runs it
 RUN_ELSEWHERE = {

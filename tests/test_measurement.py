@@ -358,3 +358,20 @@ def test_output_jitter_spreads_lengths_the_same_way_in_every_config():
     assert min(lengths) >= 48 and max(lengths) <= 80 and len(set(lengths)) > 25
     assert abs(sum(lengths) / len(lengths) - 64) < 2
     assert lengths == [jit.get(i).output_tokens for i in range(400)]  # fixed by the index
+
+
+def test_the_per_user_figure_weighs_requests_by_their_tokens():
+    """Per user = Σ(n − 1) / Σ(last − first token): one near-burst stream counts by its tokens, not as one rate
+    among equals. Three requests of 101 tokens over 1 s each (100 tok/s) and one whose 101 tokens came in 10 ms
+    (10,000 tok/s): the mean of rates says 2,575 tok/s, the token-weighted figure 132.9, the median 100."""
+    from servesweep.stats import window_stats
+
+    def rec(send, spread):
+        return {"send": send, "end": send + 0.1 + spread, "completion_tokens": 101, "usage_completion_tokens": 101,
+                "chunks": [(send + 0.1 + spread * i / 100, 1) for i in range(101)], "error": None}
+
+    records = [rec(0.0, 1.0), rec(0.1, 1.0), rec(0.2, 1.0), rec(0.3, 0.01)]
+    stats = window_stats(records, 0.0, 2.0)
+    assert round(stats["per_request_tok_s_mean"]) == 2575
+    assert round(stats["per_request_tok_s"], 1) == round(400 / 3.01, 1) == 132.9
+    assert round(stats["per_request_tok_s_median"]) == 100

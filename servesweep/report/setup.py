@@ -155,7 +155,19 @@ def _matrix_text(matrix: dict, cells: pd.DataFrame | None = None) -> str:
             f"{measure.get('requests_per_concurrency')}× C (at least {measure.get('min_requests')}) requests sent "
             f"inside it have completed; {matrix.get('repeats')} repeat(s) per cell, in rounds. Throughput counts "
             "only tokens that arrived inside the window; latency percentiles come from requests sent inside it "
-            "(docs/measurement.md).")
+            "(docs/measurement.md). " + per_user_text(cells))
+
+
+def per_user_text(cells: pd.DataFrame | None) -> str:
+    """What the per-user figure is in this sweep's runs: token-weighted, or (runs recorded before 2026-12-06, whose
+    tables lack ``per_request_tok_s_mean``) the arithmetic mean of the requests' decode rates."""
+    if cells is not None and len(cells) and "per_request_tok_s_mean" not in cells:
+        return ("Per user (per-request decode tok/s) is, in these runs, the arithmetic mean of the window's "
+                "requests' decode rates (recorded before 2026-12-06; since then the pipeline reports the "
+                "token-weighted rate, which `benchmarks/per_user_figure.py` recomputes for these runs).")
+    return ("Per user (per-request decode tok/s) is token-weighted: the window's requests' tokens after their first "
+            "over their time from first to last token, one over their mean TPOT per token (the median and the mean "
+            "of the requests' rates are in cells.csv).")
 
 
 def workloads_section(metas: list[dict], cells: pd.DataFrame) -> list[str]:
