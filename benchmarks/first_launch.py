@@ -84,7 +84,7 @@ def report(examples: list[Path], column: str) -> list[dict]:
     rows = []
     print(f"Column: {column}. Deviation of a launch = its cells' mean log ratio to the median of the same config's "
           "other launches.")
-    print("| sweep | launches (hosts) | host's first launch: deviation (rank by |deviation|) | other launches: median "
+    print("| sweep | launches (runs) | each run's first launch: deviation (rank by |deviation|) | other launches: median "
           "/ largest |deviation| |")
     print("|---|---|---|---|")
     for ex in examples:
