@@ -259,19 +259,31 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                 closed = load == "concurrency"
                 key = CellKey(workload, ctx, load, int(level) if closed else math.nan,
                               math.nan if closed else level, rep)
-                try:
-                    row = await run_cell(server, engine, sc, matrix, session, telemetry, source, key,
-                                         first=rep == 0 and k == 0, slos=slos, block=block,
-                                         capacity=capacity, series=series)
-                except CellServerDied as died:
-                    # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
-                    writer.add_requests(died.row.request_records())
-                    raise
-                writer.add_requests(row.request_records())
-                writer.add_repeat(row.as_row())
                 name = cell_id(workload, ctx, load, level)
-                writer.add_series(row, f"{name}_r{rep}")
-                log.info(_cell_line(row))
+                for attempt in range(matrix.busy_remeasures + 1):
+                    if attempt:  # fresh prompts: the busy round's are in the prefix cache
+                        source = get_workload(workload).for_cell(
+                            sources[(workload, ctx)], (matrix.repeats + 1 + attempt) * len(cells) + k + 1, k)
+                    try:
+                        row = await run_cell(server, engine, sc, matrix, session, telemetry, source, key,
+                                             first=rep == 0 and k == 0 and not attempt, slos=slos, block=block,
+                                             capacity=capacity, series=series)
+                    except CellServerDied as died:
+                        # Keep what this cell's requests saw, then fail the job: later cells would measure nothing.
+                        writer.add_requests(died.row.request_records())
+                        raise
+                    row.columns["busy_remeasure"] = attempt
+                    writer.add_requests(row.request_records())
+                    writer.add_repeat(row.as_row())
+                    writer.add_series(row, f"{name}_r{rep}" + (f"_m{attempt}" if attempt else ""))
+                    log.info(_cell_line(row))
+                    if not stats_mod.host_busy(row.as_row()):
+                        break
+                    if attempt < matrix.busy_remeasures:  # left out of the figures; measured again in this launch
+                        log.warning(f"{_shown(key)}: measured beside a busy neighbour "
+                                    f"({row.columns.get('host_other_cpu_pct', math.nan):.0f} % of the host's CPU "
+                                    f"by other processes): measuring it again ({attempt + 1} of "
+                                    f"{matrix.busy_remeasures})")
                 if block.index == 0 and rep == matrix.repeats - 1 and closed and int(level) in profiled:
                     # prompts under a tag of their own: none of them is in the prefix cache from a measured round
                     fresh = get_workload(workload).for_cell(sources[(workload, ctx)],

@@ -82,6 +82,7 @@ class Matrix:
     min_requests: int
     max_window_s: float
     repeats: int
+    busy_remeasures: int
     temperature: float
     flush_cache_between_cells: bool
     request_rates: list[float]
@@ -121,6 +122,7 @@ class Matrix:
             min_requests=int(measure["min_requests"]),
             max_window_s=float(measure["max_seconds"]),
             repeats=int(matrix["repeats"]),
+            busy_remeasures=int(matrix["busy_remeasures"]),
             temperature=float(matrix["temperature"]),
             flush_cache_between_cells=bool(matrix["flush_cache_between_cells"]),
             request_rates=[float(r) for r in (matrix["request_rates"] if request_rates is None else request_rates)],

@@ -22,6 +22,7 @@ SMOKE = {
     "order_designs.py": [],
     "first_launch.py": [],
     "per_user_figure.py": [],
+    "calibration_realistic.py": [],
 }
 # script -> the test that runs it
 RUN_ELSEWHERE = {

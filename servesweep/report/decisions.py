@@ -121,6 +121,13 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
                 parts.append(f"{decide.mde_text(mdes.median())} {label} at C={int(level)}{worst}")
                 unusable = unusable or mdes.median() > decide.MDE_SHOWN_MAX
     made = ", ".join(f"{n} {d}" for d, n in sorted(designs.items())) or "none decided"
+    paired = sweep[sweep["design"].astype(str).str.startswith(decide.PAIRED)] if "design" in sweep else sweep.iloc[0:0]
+    used = pd.to_numeric(paired.get("blocks", pd.Series(dtype=float)), errors="coerce").dropna()
+    if blocks and len(used) and used.min() < blocks:
+        span = f"{int(used.min())}" + (f"–{int(used.max())}" if used.max() > used.min() else "")
+        made += (f"; the paired comparisons used {span} of the {blocks} blocks: a block pairs nothing where either "
+                 "config's launch was left out (beside a busy neighbour after its re-measures, or failed) or ran in "
+                 "another invocation of the pipeline")
     measured = design.get("launches") or {}
     if not blocks:
         launches = "one launch per config, one config after another (recorded before the sweep was measured in blocks)"

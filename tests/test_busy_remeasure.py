@@ -1,0 +1,91 @@
+"""A round measured beside a busy neighbour is left out of the figures and measured again in the same launch (up to
+``matrix.busy_remeasures`` times), so that the block keeps its pair; every attempt is written, each marked."""
+import asyncio
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servesweep import bench
+from servesweep.cells import CellRow
+from servesweep.config import check_config
+from servesweep.plan import Matrix, ServerConfig
+
+pytestmark = pytest.mark.shares_host
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Server:
+    base_url = "http://127.0.0.1:9"
+
+    def alive(self):
+        return True
+
+
+class _Writer:
+    def __init__(self):
+        self.rows, self.series = [], []
+
+    async def keep_metrics(self, *args):
+        return None
+
+    def add_requests(self, records):
+        pass
+
+    def add_repeat(self, row):
+        self.rows.append(row)
+
+    def add_series(self, row, name):
+        self.series.append(name)
+
+
+def _run(monkeypatch, busy_rounds: int, remeasures: int):
+    config = check_config(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+    config["matrix"].update(busy_remeasures=remeasures, concurrencies=[1, 4], workloads=["synthetic"])
+    sc = ServerConfig.from_config("ar", config)
+    matrix = Matrix.from_config(config["matrix"])
+    tags = []
+
+    async def fake_prompt_sources(session, base, engine, m):
+        return {(w, ctx): "prompts" for w, ctx, _ in m.cells()}, {}
+
+    class _Workload:
+        def for_cell(self, source, tag, k):
+            tags.append(tag)
+            return tag
+
+    async def fake_run_cell(server, engine, sc_, m, session, telemetry, source, key, first, **kw):
+        busy = key.concurrency == 4 and sum(1 for r in writer.rows if r["concurrency"] == 4) < busy_rounds
+        return CellRow("ar", "llamacpp", key, {"agg_output_tok_s": 10.0, "errors": 0, "window_s": 5.0, "requests": 4,
+                                               "host_other_cpu_pct": 60.0 if busy else 1.0}, [])
+
+    monkeypatch.setattr(bench, "_prompt_sources", fake_prompt_sources)
+    monkeypatch.setattr(bench, "get_workload", lambda name: _Workload())
+    monkeypatch.setattr(bench, "run_cell", fake_run_cell)
+    writer = _Writer()
+    engine = bench.get_engine(sc.engine)
+
+    async def no_capacity(session, base):
+        return {}
+
+    monkeypatch.setattr(engine, "kv_capacity", no_capacity)
+    asyncio.run(bench.run_matrix(_Server(), engine, sc, matrix, None, writer))
+    return writer, tags
+
+
+def test_a_busy_round_is_measured_again_until_it_is_quiet(monkeypatch):
+    writer, tags = _run(monkeypatch, busy_rounds=2, remeasures=2)
+    at4 = [r for r in writer.rows if r["concurrency"] == 4]
+    assert [(r["busy_remeasure"], r["host_other_cpu_pct"]) for r in at4] == [(0, 60.0), (1, 60.0), (2, 1.0)]
+    assert [r["busy_remeasure"] for r in writer.rows if r["concurrency"] == 1] == [0]
+    assert len(set(tags)) == len(tags)  # every attempt sends prompts of a tag of its own
+    assert sum(s.endswith(("_m1", "_m2")) for s in writer.series) == 2  # each attempt's series kept apart
+
+
+def test_the_remeasures_stop_at_the_limit(monkeypatch):
+    writer, _ = _run(monkeypatch, busy_rounds=5, remeasures=1)
+    at4 = [r for r in writer.rows if r["concurrency"] == 4]
+    assert [r["busy_remeasure"] for r in at4] == [0, 1] and all(r["host_other_cpu_pct"] == 60.0 for r in at4)
+    none, _ = _run(monkeypatch, busy_rounds=5, remeasures=0)
+    assert [r["busy_remeasure"] for r in none.rows if r["concurrency"] == 4] == [0]
