@@ -254,7 +254,8 @@ def summarize(res: dict, rule: decide.Rule = decide.Rule()) -> dict:
         out["equiv_at_margin"] = float(equivalent[at_margin].mean())
     out["coverage"] = float(((res["lo"] <= truth) & (truth <= res["hi"])).mean())
     level = rule.alpha / truth.shape[1]
-    mde = np.exp((sps.t.ppf(1 - level / 2, res["df"]) + sps.t.ppf(rule.power, res["df"])) * res["se"]) - 1
+    with np.errstate(over="ignore"):  # a huge MDE at 1 degree of freedom is inf, as it should be
+        mde = np.exp((sps.t.ppf(1 - level / 2, res["df"]) + sps.t.ppf(rule.power, res["df"])) * res["se"]) - 1
     out["mde_median"] = float(np.median(mde))
     return out
 
