@@ -274,9 +274,7 @@ def with_unit_columns(cells: pd.DataFrame, cost: dict | None = None) -> pd.DataF
 
 def clean_repeats(repeats: pd.DataFrame) -> pd.DataFrame:
     """The repeats not measured beside a busy neighbour (all of them where the host's load was not recorded)."""
-    if "host_other_cpu_pct" not in repeats:
-        return repeats
-    return repeats[~(repeats["host_other_cpu_pct"] > HOST_BUSY_PCT)]
+    return repeats[~(repeats["host_other_cpu_pct"] > HOST_BUSY_PCT)] if "host_other_cpu_pct" in repeats else repeats
 
 
 def launch_key(meta: dict) -> tuple:
@@ -344,10 +342,11 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
     """The sweep's design and resolution, for noise.json and the report: blocks, rounds, how the comparisons were
     made, how many there were, and the minimum detectable effect per load level."""
     blocks = sorted({b for m in metas for b in [x.get("block") for x in m.get("blocks") or [m]] if b is not None})
-    rounds = sorted({int(r) for r in repeats.groupby([c for c in ("config", *CELL_KEYS, "block") if c in repeats],
-                                                     dropna=False).size()}) if not repeats.empty else []
-    decided = [r for r in rows if r["family"] == "sweep"
-               and r["verdict"] not in (decide.NOT_MEASURABLE, decide.UNDECIDED, decide.LOAD_SET)]
+    firsts = repeats[~(repeats["busy_remeasure"] > 0)] if "busy_remeasure" in repeats else repeats  # not rounds
+    rounds = sorted({int(r) for r in firsts.groupby([c for c in ("config", *CELL_KEYS, "block") if c in firsts],
+                                                    dropna=False).size()}) if not firsts.empty else []
+    decided = [r for r in rows if r["family"] == "sweep" and r["verdict"] not in (decide.NOT_MEASURABLE,
+                                                                                    decide.UNDECIDED, decide.LOAD_SET)]
     undecided = [r for r in rows if r["family"] == "sweep" and r["verdict"] == decide.UNDECIDED]
     resolution = []
     for (load, level), g in pd.DataFrame(decided or [{"load": None, "level": None}]).groupby(["load", "level"]):

@@ -89,3 +89,21 @@ def test_the_remeasures_stop_at_the_limit(monkeypatch):
     assert [r["busy_remeasure"] for r in at4] == [0, 1] and all(r["host_other_cpu_pct"] == 60.0 for r in at4)
     none, _ = _run(monkeypatch, busy_rounds=5, remeasures=0)
     assert [r["busy_remeasure"] for r in none.rows if r["concurrency"] == 4] == [0]
+
+
+def test_a_remeasure_is_not_counted_as_a_round():
+    """The Resolution line's "rounds of the matrix per launch" counts rounds, not the re-measures of a busy one
+    (a fresh clone beside a busy core printed "1/2 round(s)")."""
+    import pandas as pd
+
+    from servesweep import decide
+    from servesweep.aggregate import _design_summary
+
+    rows = [{"config": c, "workload": "synthetic", "ctx": 8, "load": "concurrency", "concurrency": 4,
+             "request_rate": float("nan"), "block": b, "busy_remeasure": m, "host_other_cpu_pct": p}
+            for c in ("ar", "new") for b in (0, 1) for m, p in ((0, 1.0),)]
+    rows += [dict(rows[0], host_other_cpu_pct=60.0), dict(rows[0], busy_remeasure=1)]
+    summary = _design_summary([], decide.Rule(), [], pd.DataFrame(rows))
+    assert summary["rounds_per_launch"] == [1, 2]  # block 0 of `ar`: its busy round and its quiet one
+    summary = _design_summary([], decide.Rule(), [], pd.DataFrame(rows[:4] + rows[5:]))
+    assert summary["rounds_per_launch"] == [1]
