@@ -37,6 +37,8 @@ first request after it wrote a trace (as an SGLang 0.5.17 server with a draft mo
   (``llamacpp:spec_decode_num_drafts_total`` = tokens / L, accepted = tokens − steps, drafted = steps ×
   ``--spec-draft-n-max``); ``"argv"`` takes L from ``--spec-synth-len`` (a server that honours a simulated
   acceptance), a number ignores it (one whose counters disagree with the setting). Unset: no speculative counters.
+- ``first_launch``: ``{"factor": f, "marker": path}``: the first launch on the host (the first to create the marker
+  file) runs at f × its speed, every request of it: the first-launch effect of the recorded sweeps.
 - ``seed``: with ``counter_file`` (a path), the launch seed is ``seed`` + a counter kept in that file (each launch
   takes the next number under a file lock: reproducible over a run); without it the seed comes from ``seed``, the
   pid and the clock (different per launch).
@@ -109,6 +111,18 @@ def launch_seed(truth: dict) -> int:
     return base * 1_000_003 + n
 
 
+def first_launch_on_host(first: dict) -> bool:
+    """Whether this launch is the host's first (``first_launch``: {"factor": f, "marker": path}): the launch that
+    creates the marker file first; it runs at f × its speed (a cold host, the effect the recorded sweeps showed)."""
+    if not first.get("marker"):
+        return False
+    try:
+        os.close(os.open(first["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 def parse_argv(argv: list[str]) -> dict:
     """The llama-server flags this server uses; all others are ignored (a flag's value is skipped with it)."""
     wanted = {"--port": "port", "--host": "host", "--alias": "alias", "--parallel": "parallel", "-np": "parallel",
@@ -161,6 +175,9 @@ class Truth:
         self.speed = args["speed"] if args["speed"] is not None else float(
             truth["speeds"].get(args["alias"], truth["default_speed"]))
         self.launch = lognormal(self.rng, float(truth["launch_cv"]))
+        self.first_on_host = first_launch_on_host(truth.get("first_launch") or {})
+        if self.first_on_host:
+            self.launch *= float(truth["first_launch"]["factor"])
         self.gamma = float(truth["gamma"])
         self.token_cv = float(truth["token_cv"])
         self.slots = threading.BoundedSemaphore(args["parallel"])
@@ -367,7 +384,7 @@ def main(argv: list[str]) -> int:
     STATE = Truth(load_truth(), args)
     print(f"truth: alias={args['alias']} speed={STATE.speed:g} launch={STATE.launch:.6f} seed={STATE.seed} "
           f"slots={args['parallel']} gamma={STATE.gamma:g} token_cv={STATE.token_cv:g} "
-          f"drift={json.dumps(STATE.truth['drift'])}", flush=True)
+          f"drift={json.dumps(STATE.truth['drift'])} first_on_host={STATE.first_on_host}", flush=True)
     server = ThreadingHTTPServer((args["host"], args["port"]), Handler)
     server.daemon_threads = True
     print(f"main: server is listening on http://{args['host']}:{args['port']}", flush=True)
