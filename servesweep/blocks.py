@@ -18,7 +18,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy import stats as sps
 
 from servesweep import stats as stats_mod
 from servesweep.cells import _row_cell_id, write_csv
@@ -92,7 +94,29 @@ def cells_over_blocks(repeats: list[dict]) -> list[dict]:
         row["client_workers_max"] = int(max(workers)) if workers else 1
         lags = [r["loop_lag_p99_ms"] for r in every if isinstance(r.get("loop_lag_p99_ms"), (int, float))]
         row["loop_lag_p99_ms_max"] = max(lags) if lags else math.nan
+        row.update(attainment_over_launches(means))
         out.append(row)
+    return out
+
+
+def attainment_over_launches(means: list[dict]) -> dict:
+    """Per service-level target, the 95 % interval of attainment over a cell's launches (the t interval of the
+    launches' attainments, within [0, 1]) and ``slo_attainment_interval`` saying what it spans. The requests of one
+    window are not independent draws (they share the launch and its load), so pooling every launch's requests into one
+    Wilson interval left launch-to-launch variation out; with a single launch the Wilson interval over its requests
+    is all there is, and says so."""
+    if len(means) < 2:
+        return {"slo_attainment_interval": "requests of one launch (launch-to-launch variation not in it)"}
+    out = {"slo_attainment_interval": f"over {len(means)} launches"}
+    for name in stats_mod.slo_names(means[0]):
+        values = [m.get(f"slo_{name}_attainment") for m in means]
+        values = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+        if len(values) < 2:
+            continue
+        mean, sd = sum(values) / len(values), float(np.std(values, ddof=1))
+        half = float(sps.t.ppf(0.975, len(values) - 1)) * sd / math.sqrt(len(values))
+        out[f"slo_{name}_attainment_lo"] = max(0.0, mean - half)
+        out[f"slo_{name}_attainment_hi"] = min(1.0, mean + half)
     return out
 
 

@@ -328,11 +328,12 @@ def session_stats(records: list[dict], t_start: float, t_end: float, rate: float
             "request_rps_reached": len(inside) / length}
 
 
-def wilson_ci95(good: int, n: int) -> tuple[float, float]:
-    """Wilson score 95 % interval of a proportion ``good`` / ``n``; (NaN, NaN) for n = 0."""
+def wilson_ci95(good: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson score interval (95 % unless ``confidence`` says otherwise) of a proportion ``good`` / ``n``; (NaN,
+    NaN) for n = 0."""
     if n <= 0:
         return math.nan, math.nan
-    z = float(sps.norm.ppf(0.5 + CONFIDENCE / 2))
+    z = float(sps.norm.ppf(0.5 + confidence / 2))
     p = good / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)

@@ -173,3 +173,23 @@ def test_a_config_missing_from_a_block_is_named_not_blamed_on_runs():
     assert list(speedup["design"]) == [decide.PAIRED]
     assert "2 blocks (every config launched 2 times" in " ".join(resolution(speedup, design))
     assert not flags(design, speedup)
+
+
+def test_attainment_over_launches_is_an_interval_over_launches():
+    """Attainment's interval over a cell's launches comes from the launches' attainments (t over launches), not from
+    every request pooled into one Wilson interval; one launch gets its requests' interval and says so."""
+    from servesweep.blocks import cells_over_blocks
+
+    def row(block, good, n=100):
+        return {"config": "ar", "workload": "synthetic", "ctx": 8, "load": "concurrency", "concurrency": 4,
+                "request_rate": float("nan"), "repeat": 0, "block": block, "requests": n, "slo_fast_good": good,
+                "slo_fast_attainment": good / n, "goodput_fast_rps": good / 10, "agg_output_tok_s": 10.0,
+                "cell_start": block, "cell_end": block + 1, "host_other_cpu_pct": 0.0}
+
+    (cell,) = cells_over_blocks([row(0, 90), row(1, 60), row(2, 75)])
+    assert cell["slo_attainment_interval"] == "over 3 launches"
+    # launches at 0.90, 0.60, 0.75: t(2) · 0.15 / √3 = 0.373 around 0.75 — far wider than Wilson on 225 of 300
+    assert round(cell["slo_fast_attainment_lo"], 3) == 0.377 and cell["slo_fast_attainment_hi"] == 1.0
+    (one,) = cells_over_blocks([row(0, 90)])
+    assert one["slo_attainment_interval"].startswith("requests of one launch")
+    assert 0.8 < one["slo_fast_attainment_lo"] < 0.9 < one["slo_fast_attainment_hi"]

@@ -86,8 +86,11 @@ def rate_section(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
              "*done* is requests completed inside it per second; *lag p99* is how late the client itself sent. "
              "Goodput counts the window's requests that met every limit of a target (vLLM's rule; TPOT counts as 0 "
              "for a request of one output token), per second of window; attainment is their share of the window's "
-             "requests, with its Wilson 95 % interval over the repeats pooled. Figures are mean ± 95 % half-width "
-             "over the repeats.", ""]
+             "requests, with its 95 % interval "
+             + ("over the launches (over one launch's requests where there is one)"
+                if "slo_attainment_interval" in cells else "over the repeats' requests pooled (a Wilson interval, "
+                "recorded before 2026-12-06: launch-to-launch variation is not in it)")
+             + ". Figures are mean ± 95 % half-width over the repeats.", ""]
     if slos:
         lines += ["Targets: " + "; ".join(s.describe() for s in slos) + ".", ""]
     header = ["config", "prompts", "rate req/s", "scheduled req/s", "sent req/s", "done req/s", "lag p99 ms", "TTFT p99 s", "TPOT p99 s"]
