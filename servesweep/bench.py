@@ -351,7 +351,7 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
                 if spent > settings.budget_s or spent + (statistics.fmean(walls) if walls else 0.0) > settings.budget_s:
                     stop = "budget"
                     break
-                probe_started, good, n, segments, rows, alpha_spent = now(), 0, 0, 0, [], 0.0
+                probe_started, good, n, segments, rows = now(), 0, 0, 0, []
                 while True:
                     tag += 1
                     source = get_workload(settings.workload).for_cell(sources[(settings.workload, ctx)],
@@ -370,9 +370,7 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
                                        concurrency_reached=capacity_mod.concurrency_reached(row.records, t0, t1))
                     writer.add_probe_segment(row.as_row())
                     rows.append(row.columns)
-                    level = capacity_mod.look_level(n, settings.max_requests, alpha_spent)
-                    alpha_spent += level
-                    decision, lo, hi = capacity_mod.decide(good, n, settings.required(slo), level)
+                    decision, lo, hi = capacity_mod.decide(good, n, settings.required(slo))
                     full = capacity_mod.saturated(row.records, slo, settings.saturation_rise)
                     if full:
                         decision = "fail"

@@ -6,13 +6,11 @@ closed-loop concurrency or open-loop request rate (``load``). It stops early, *n
 would not fit its time budget, or when the largest load allowed (``max``) still passes.
 
 A probe is measured in segments, each a window like any cell's (:func:`servesweep.bench.run_cell`). Its decision
-(:func:`decide`) is the Wilson interval of its attainment — the share of its measured requests within every limit of
-the target, pooled over its segments — against the required attainment: at or above it, the load is sustained;
-below it, it is not; straddling it, the probe is too close to call and gets another segment, until
+(:func:`decide`) is the Wilson 95 % interval of its attainment — the share of its measured requests within every
+limit of the target, pooled over its segments — against the required attainment: at or above it, the load is
+sustained; below it, it is not; straddling it, the probe is too close to call and gets another segment, until
 ``max_requests`` (then it is *undecided*, and counts as not sustained: the capacity is the largest load *shown* to
-meet the target). The probe looks again after every segment, so each look's interval spends only its share of 5 %
-(:func:`look_level`). A probe whose requests' delay rises through its window (:func:`saturated`) stops at once and
-fails.
+meet the target). A probe whose requests' delay rises through its window (:func:`saturated`) stops at once and fails.
 
 The library side only: :func:`servesweep.bench.run_capacity` measures the probes against a running server.
 """
@@ -128,12 +126,10 @@ def problems(section: Mapping, config: Mapping) -> list[tuple[str, str, str]]:
         out.append(("capacity.min_requests", f"{section['min_requests']} is above capacity.max_requests "
                     f"{section['max_requests']}", "let a probe measure at least one segment's requests"))
     if section.get("attainment") is None:
-        # The Wilson interval of n/n good requests reaches p only from n ≥ z²·p/(1−p), z at the level the probe's last
-        # look may spend: at least what the spending function leaves after a look one segment before the end.
-        z2 = final_look_z(section["min_requests"], section["max_requests"]) ** 2
+        # The Wilson interval of n/n good requests reaches p only from n ≥ z²·p/(1−p): p99 needs about 380.
         for name, spec in (config.get("slo") or {}).items():
             p = int(spec.get("percentile", 99)) / 100.0
-            need = math.ceil(z2 * p / (1 - p))
+            need = math.ceil(3.8415 * p / (1 - p))
             if (not section.get("slos") or name in section["slos"]) and need > section["max_requests"]:
                 out.append(("capacity.max_requests", f"{section['max_requests']} requests can never show target "
                             f"'{name}' met at attainment {p:g} (its Wilson interval needs ≥ {need} requests, all "
@@ -142,37 +138,10 @@ def problems(section: Mapping, config: Mapping) -> list[tuple[str, str, str]]:
     return out
 
 
-def look_level(n: int, max_requests: int, spent: float, alpha: float = 0.05) -> float:
-    """The error a probe may spend at a look after ``n`` of its at most ``max_requests`` requests, having spent
-    ``spent`` at its earlier looks: the increment of the O'Brien–Fleming-type spending function
-    (``servesweep.decide.spending``) at the information fraction n / max_requests, the rest of ``alpha`` at the last
-    look. A probe tested after every segment at a fixed 95 % would pass or fail on noise more often than 5 %; the
-    increments add up to ``alpha`` over its looks (a Bonferroni bound over them)."""
-    from servesweep.decide import spending
-
-    if n >= max_requests:
-        return max(alpha - spent, 0.0)
-    return max(spending(n / max_requests, alpha) - spent, 0.0)
-
-
-def final_look_z(min_requests: int, max_requests: int, alpha: float = 0.05) -> float:
-    """The normal quantile of the smallest level a probe's last look can get (:func:`look_level`): its earlier
-    looks spent at most the spending function at (max − min) / max, a segment holding at least ``min_requests``."""
-    from scipy.stats import norm
-
-    from servesweep.decide import spending
-
-    last = max(alpha - spending(max(max_requests - min_requests, 0) / max_requests, alpha), 1e-12)
-    return float(norm.ppf(1 - last / 2))
-
-
-def decide(good: int, n: int, required: float, level: float = 0.05) -> tuple[str, float, float]:
-    """(decision, lo, hi): the Wilson interval at confidence 1 − ``level`` [lo, hi] of attainment ``good``/``n``
-    against ``required`` — ``pass`` when lo ≥ required, ``fail`` when hi < required, else ``undecided``. A level of
-    0 (nothing left to spend at this look) decides nothing."""
-    if level <= 0:
-        return "undecided", 0.0, 1.0
-    lo, hi = wilson_ci95(good, n, 1 - level)
+def decide(good: int, n: int, required: float) -> tuple[str, float, float]:
+    """(decision, lo, hi): the Wilson 95 % interval [lo, hi] of attainment ``good``/``n`` against ``required`` —
+    ``pass`` when lo ≥ required, ``fail`` when hi < required, else ``undecided``."""
+    lo, hi = wilson_ci95(good, n)
     if n <= 0:
         return "undecided", lo, hi
     if lo >= required:
