@@ -6,6 +6,7 @@ rule plot_charts:
         speedup="results/tables/speedup.csv",
         capacity_probes="results/tables/capacity_probes.csv",
         series=get_run_outputs("metrics_series.csv"),
+        meta=get_run_outputs("meta.json"),
     output:
         **get_chart_outputs(),
     log:

@@ -31,6 +31,13 @@ def has_state_series(series) -> bool:
             and bool(series["metric"].isin(["running", "queued"]).any()))
 
 
+def has_simulated_acceptance(metas) -> bool:
+    """Whether any run's meta.json record simulates its acceptance (``speculation.simulated_accept_length``): each
+    such config is a setting of a break-even family (servesweep.report.breakeven), one alone included."""
+    return any(m.get("config") and (m.get("speculation") or {}).get("simulated_accept_length") is not None
+               for m in metas or [])
+
+
 def has_gpu_energy(cells) -> bool:
     """Whether any cell of a cells table measured GPU energy (J per output token)."""
     return "gpu_j_per_output_token" in cells and bool(cells["gpu_j_per_output_token"].notna().any())
@@ -42,8 +49,9 @@ class Chart:
 
     ``name``: its files' stem in ``results/report/`` and its caption's, ``report/captions/<name>.rst``. ``draw``: the
     function of :mod:`servesweep.charts` that draws it, called with the tables named in ``inputs`` (of ``cells``,
-    ``speedup``, ``baseline``, ``series``: the runs' metrics series). ``section``: where FINDINGS.md shows it (:data:`SECTIONS`), as an image with
-    ``alt`` text, followed by ``caption`` where it has one. A chart with ``applies`` is drawn only for a sweep whose
+    ``speedup``, ``baseline``, ``capacity_probes``, ``series``: the runs' metrics series, ``metas``: the runs'
+    meta.json records). ``section``: where FINDINGS.md shows it (:data:`SECTIONS`), as an image with ``alt`` text,
+    followed by ``caption`` where it has one. A chart with ``applies`` is drawn only for a sweep whose
     cells it is true of; Snakemake cannot declare an output that may not exist, so its files lie in a ``folder`` of
     their own, which stays empty otherwise, and FINDINGS.md says ``absent`` instead.
     """
@@ -89,6 +97,15 @@ CHARTS = (
     Chart("latency_vs_throughput", "latency_chart", ("cells",), "charts", "Latency vs throughput",
           "TTFT and TPOT p50/p99 against output tok/s per GPU, one line per config through its concurrencies."),
     Chart("speedup_heatmap", "speedup_heatmap", ("speedup", "baseline"), "charts", "Speedup heatmap"),
+    Chart("break_even", "break_even_chart", ("metas", "speedup", "baseline"), "charts",
+          "Speedup vs concurrency per simulated accept length",
+          "per family of simulated configs (the same drafter set to several accept lengths), the per-user and "
+          "throughput ratio to the baseline at each concurrency, one line per accept length, bars: 95 % intervals; "
+          "above the dashed 1× the setting pays. The acceptance is simulated, not a real drafter's "
+          "(docs/speculation.md).",
+          applies=has_simulated_acceptance, folder="breakeven",
+          absent="No config simulates its acceptance (`speculation:` with an accept length), so there is no "
+                 "break-even chart."),
     Chart("energy_per_token", "energy_chart", ("cells",), "charts", "GPU energy per output token",
           applies=has_gpu_energy, folder="energy", absent="No GPU energy was measured, so there is no energy chart."),
     Chart("goodput_vs_load", "capacity_chart", ("capacity_probes",), "charts", "Goodput vs load of the capacity searches",

@@ -12,6 +12,7 @@ import pandas as pd
 from servesweep.aggregate import with_unit_columns
 from servesweep.chart_registry import CHARTS, has_gpu_energy
 from servesweep.frontier import frontier_by
+from servesweep.report.breakeven import METRICS as BREAK_EVEN_METRICS, chart_points as break_even_points
 
 
 def prompts_label(df: pd.DataFrame) -> pd.Series:
@@ -83,6 +84,46 @@ def speedup_heatmap(speedup: pd.DataFrame, baseline: str) -> alt.Chart:
     return (alt.layer(rect, text, data=data).properties(width=180, height=120)
             .facet(column=alt.Column("config:N", title=None))
             .properties(title=f"Speedup over {baseline} (grey: not called faster or slower)"))
+
+
+def break_even_chart(metas: list[dict], speedup: pd.DataFrame, baseline: str) -> alt.Chart:
+    """Speedup over the baseline vs concurrency (both log scales) of each family of simulated configs
+    (servesweep.report.breakeven), one line per accept length set, error bars from the ratio's 95 % interval (an end
+    a log axis cannot show, 0 or unbounded, is not drawn: the bar stops at the point) and a dashed rule at 1, the
+    break-even; columns: per user, throughput; rows: family and prompt set."""
+    # the speedup table may name simulated configs as the other charts do (simulated_names): back to the metas' names
+    settings = {m["config"]: (m.get("speculation") or {}).get("simulated_accept_length") for m in metas
+                if m.get("config")}
+    plain = {simulated_name(cfg, value): cfg for cfg, value in settings.items() if value is not None}
+    data = break_even_points(renamed(speedup, plain), metas)
+    data = data[(data["ratio"] > 0) & data["ratio"].map(math.isfinite)].copy()
+    title = alt.TitleParams(f"Break-even: speedup over {baseline} vs concurrency, one line per simulated accept length",
+                            subtitle="The acceptance is simulated: each config commits the accept length it is set "
+                                     "to, not a real drafter's. Dashed: 1× (break-even); bars: 95 % intervals.")
+    if data.empty:
+        note = pd.DataFrame({"text": ["No cell of a simulated config was compared with the baseline."]})
+        return alt.Chart(note).mark_text().encode(text="text:N").properties(width=300, height=60, title=title)
+    several = data["family"].nunique() > 1
+    data["panel"] = [f"family of {f} · {p}" if several else p for f, p in zip(data["family"], data["prompts"])]
+    for end in ("lo", "hi"):
+        data[f"{end}_drawn"] = data[end].where(data[end].map(lambda v: pd.notna(v) and 0 < v < math.inf),
+                                               data["ratio"])
+    values = pd.concat([data["lo_drawn"], data["hi_drawn"], pd.Series([1.0])])
+    y = alt.Y("ratio:Q", title=f"× {baseline} (log)",
+              scale=alt.Scale(type="log", nice=False, domain=[values.min() / 1.1, values.max() * 1.1]))
+    legend = list(dict.fromkeys(data.sort_values("accept_length")["setting"]))
+    base = alt.Chart().encode(x=concurrency_axis(data["concurrency"]),
+                              color=alt.Color("setting:N", title="simulated", sort=legend))
+    line = base.mark_line(point=True).encode(
+        y=y, order=alt.Order("concurrency:Q"),
+        tooltip=["config", "prompts", "concurrency", "metric", "setting", "label", "verdict"])
+    bars = base.mark_errorbar().encode(y=alt.Y("lo_drawn:Q", title=f"× {baseline} (log)"), y2="hi_drawn:Q")
+    rule = alt.Chart().transform_aggregate(n="count()").mark_rule(color="black", strokeDash=[4, 3]).encode(
+        y=alt.datum(1.0))
+    return (alt.layer(bars, line, rule, data=data).properties(width=260, height=200)
+            .facet(row=alt.Row("panel:N", title=None, sort=list(dict.fromkeys(data["panel"]))),
+                   column=alt.Column("metric:N", title=None, sort=[name for name, _, _ in BREAK_EVEN_METRICS]))
+            .properties(title=title))
 
 
 def _units(cells: pd.DataFrame) -> pd.DataFrame:
@@ -277,11 +318,13 @@ def server_state_chart(series: pd.DataFrame) -> alt.Chart:
 
 
 def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_dir: str | Path,
-                 capacity_probes: pd.DataFrame | None = None, series: pd.DataFrame | None = None) -> list[Path]:
+                 capacity_probes: pd.DataFrame | None = None, series: pd.DataFrame | None = None,
+                 metas: list[dict] | None = None) -> list[Path]:
     """Every chart of :data:`~servesweep.chart_registry.CHARTS` that applies to this sweep, as PNG and SVG under
     ``out_dir`` (a chart that applies only to some sweeps in its folder, created empty where it does not); returns
     the files written. ``capacity_probes``: the capacity searches' probes (none: no capacity chart); ``series``: the
-    runs' metrics series (``metrics_series.csv``), where there are any."""
+    runs' metrics series (``metrics_series.csv``), where there are any; ``metas``: the runs' meta.json records (none:
+    no break-even chart)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = simulated_names(cells)
@@ -289,7 +332,8 @@ def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_
     if series is not None:
         series = renamed(series, names)
     tables = {"cells": cells, "speedup": speedup, "baseline": baseline, "capacity_probes": capacity_probes,
-              "series": series if series is not None else pd.DataFrame(columns=["config", "cell", "metric"])}
+              "series": series if series is not None else pd.DataFrame(columns=["config", "cell", "metric"]),
+              "metas": list(metas or [])}
     written = []
     for chart in CHARTS:
         if chart.folder:
@@ -308,7 +352,12 @@ def simulated_names(cells: pd.DataFrame) -> dict[str, str]:
     if "simulated_accept_length" not in cells:
         return {}
     sims = cells.dropna(subset=["simulated_accept_length"]).groupby("config")["simulated_accept_length"].first()
-    return {cfg: f"{cfg} (simulated acceptance {value:g})" for cfg, value in sims.items()}
+    return {cfg: simulated_name(cfg, value) for cfg, value in sims.items()}
+
+
+def simulated_name(config: str, accept_length: float) -> str:
+    """A simulated config's name on a chart."""
+    return f"{config} (simulated acceptance {float(accept_length):g})"
 
 
 def renamed(df: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:

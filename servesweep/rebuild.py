@@ -100,7 +100,8 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
         probes = tables.capacity_probes
         write_charts(closed_loop(pd.read_csv(tables.cells)), closed_loop(pd.read_csv(tables.speedup)), baseline,
                      out, capacity_probes=pd.read_csv(probes) if probes.stat().st_size > 1 else None,
-                     series=read_series([r / "metrics_series.csv" for r in runs]))
+                     series=read_series([r / "metrics_series.csv" for r in runs]),
+                     metas=[json.loads((r / "meta.json").read_text()) for r in runs])
     with tempfile.TemporaryDirectory() as scratch:
         inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
                                 throughput_md=tables.throughput_md, speedup=tables.speedup,

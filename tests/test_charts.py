@@ -21,7 +21,8 @@ def test_every_chart_has_its_function_its_caption_and_one_place():
     assert len(set(names)) == len(names)
     for chart in CHARTS:
         assert callable(getattr(charts, chart.draw, None)), f"{chart.name}: servesweep.charts has no {chart.draw}"
-        assert set(chart.inputs) <= {"cells", "speedup", "baseline", "capacity_probes", "series"} and chart.section in SECTIONS
+        assert set(chart.inputs) <= {"cells", "speedup", "baseline", "capacity_probes", "series",
+                                      "metas"} and chart.section in SECTIONS
         assert (ROOT / "report" / "captions" / f"{chart.name}.rst").exists(), f"{chart.name}: no caption file"
         # a chart drawn only for some sweeps lies in a folder of its own (an output that always exists) and says
         # why it is absent

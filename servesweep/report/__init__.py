@@ -136,7 +136,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     lines += profile_section(cells)
     lines += state_lines
     lines += rate_lines
-    lines += charts_section(cells, probes, read_series(inputs.series) if inputs.series else None)
+    lines += charts_section(cells, probes, read_series(inputs.series) if inputs.series else None, metas)
     lines += ["## Environment", "", env_card, ""]
     lines += ["## Command lines", ""]
     for m in metas:

@@ -10,7 +10,8 @@ two or more settings, their estimates of ``L*`` are compared, and a disagreement
 said, not averaged away. Beside the estimate, the verdicts alone bracket the break-even: it lies above every
 setting called slower and below every setting called faster.
 
-Pure functions over the speedup table and each run's meta.json; nothing is read from logs.
+Pure functions over the speedup table and each run's meta.json; nothing is read from logs. The same data, drawn:
+:func:`chart_points` for ``servesweep.charts.break_even_chart``.
 """
 from __future__ import annotations
 
@@ -144,20 +145,36 @@ def break_even_lines(speedup: pd.DataFrame, metas: list[dict]) -> list[str]:
     return lines
 
 
-def chart_points(speedup: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
-    """Per simulated config and C: its accept length setting and its per-user and throughput ratios with their
-    intervals (the data of the speedup-vs-C chart, one line per accept length)."""
-    if "simulated_accept_length" not in cells or speedup is None or speedup.empty:
-        return pd.DataFrame()
-    settings = cells.dropna(subset=["simulated_accept_length"]).groupby("config")["simulated_accept_length"].first()
-    rows = speedup[speedup["config"].isin(settings.index)]
-    if "load" in rows:
-        rows = rows[rows["load"] == "concurrency"]
+CHART_COLUMNS = ("family", "config", "accept_length", "setting", "prompts", "concurrency", "metric", "ratio", "lo",
+                 "hi", "verdict", "label")
+
+
+def chart_points(speedup: pd.DataFrame, metas: list[dict]) -> pd.DataFrame:
+    """The data of the break-even chart (speedup vs C, one line per accept length): per family of simulated configs
+    (:func:`families`, every family as the break-even lines take it), setting, prompt set, metric (:data:`METRICS`)
+    and C, the ratio to the baseline with its interval and verdict. Closed-loop cells only; empty (with these
+    columns) without a family or a compared cell of one."""
+    fams = families(metas)
+    if not fams or speedup is None or speedup.empty:
+        return pd.DataFrame(columns=list(CHART_COLUMNS))
+    closed = speedup[speedup["load"] == "concurrency"] if "load" in speedup else speedup
     out = []
-    for r in rows.to_dict("records"):
-        for name, ratio, verdict in METRICS:
-            out.append({"config": r["config"], "accept_length": float(settings[r["config"]]),
-                        "prompts": prompts_label(r["workload"], r["ctx"]), "concurrency": int(r["concurrency"]),
-                        "metric": name, "ratio": r[ratio], "lo": r[f"{ratio}_lo"], "hi": r[f"{ratio}_hi"],
-                        "verdict": r[verdict], "label": ratio_text(r[ratio], r[f"{ratio}_lo"], r[f"{ratio}_hi"])})
-    return pd.DataFrame(out)
+    for family, settings in fams.items():
+        by_config = {s.config: s for s in settings}
+        for r in closed[closed["config"].isin(list(by_config))].to_dict("records"):
+            s = by_config[r["config"]]
+            for name, ratio, verdict in METRICS:
+                lo, hi = r.get(f"{ratio}_lo", math.nan), r.get(f"{ratio}_hi", math.nan)
+                out.append({"family": family, "config": s.config, "accept_length": s.accept_length,
+                            "setting": f"accept length {s.accept_length:g}",
+                            "prompts": prompts_label(r.get("workload", "synthetic"), r["ctx"]),
+                            "concurrency": int(r["concurrency"]), "metric": name, "ratio": r.get(ratio, math.nan),
+                            "lo": lo, "hi": hi, "verdict": str(r.get(verdict)),
+                            "label": ratio_text(r.get(ratio, math.nan), lo, hi)})
+    if not out:
+        return pd.DataFrame(columns=list(CHART_COLUMNS))
+    order = {name: i for i, (name, _, _) in enumerate(METRICS)}
+    data = pd.DataFrame(out, columns=list(CHART_COLUMNS))
+    data = data.sort_values(["family", "prompts", "metric", "accept_length", "concurrency"],
+                            key=lambda col: col.map(order) if col.name == "metric" else col, kind="stable")
+    return data.reset_index(drop=True)

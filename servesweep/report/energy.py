@@ -50,12 +50,12 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
 
 
 def charts_section(cells: pd.DataFrame, capacity_probes: pd.DataFrame | None = None,
-                   series: pd.DataFrame | None = None) -> list[str]:
+                   series: pd.DataFrame | None = None, metas: list[dict] | None = None) -> list[str]:
     """The charts beyond the summary's (``servesweep.chart_registry``); a chart that applies only to some sweeps says
     why it is absent from the others. ``capacity_probes``: the capacity searches' probes, where the sweep has any;
-    ``series``: the runs' metrics series (``metrics_series.read_series``)."""
+    ``series``: the runs' metrics series (``metrics_series.read_series``); ``metas``: the runs' meta.json records."""
     lines = ["## Charts", ""]
-    tables = {"cells": cells, "capacity_probes": capacity_probes, "series": series}
+    tables = {"cells": cells, "capacity_probes": capacity_probes, "series": series, "metas": metas}
     for chart in charts_in("charts"):
         lines += [chart.markdown() if chart.applies_to(tables) else chart.absent, ""]
     return lines
