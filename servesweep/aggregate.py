@@ -19,7 +19,6 @@ from servesweep.speculation import speculation_status
 CELL_KEYS = ["workload", "ctx", "load", "concurrency", "request_rate"]
 # Other processes' share of the host's CPU (telemetry.other_cpu_pct) above which a cell is not compared with another:
 # its config was measured beside a busy neighbour, the other perhaps not.
-HOST_BUSY_PCT = stats_mod.HOST_BUSY_PCT
 HOST_BUSY = "not compared: host busy"
 
 THROUGHPUT_COLUMNS = {
@@ -274,7 +273,7 @@ def with_unit_columns(cells: pd.DataFrame, cost: dict | None = None) -> pd.DataF
 
 def clean_repeats(repeats: pd.DataFrame) -> pd.DataFrame:
     """The repeats not measured beside a busy neighbour (all of them where the host's load was not recorded)."""
-    return repeats[~(repeats["host_other_cpu_pct"] > HOST_BUSY_PCT)] if "host_other_cpu_pct" in repeats else repeats
+    return repeats[~stats_mod.busy_rows(repeats)]
 
 
 def launch_key(meta: dict) -> tuple:

@@ -273,6 +273,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                         writer.add_requests(died.row.request_records())
                         raise
                     row.columns["busy_remeasure"] = attempt
+                    row.columns["host_busy_pct"] = matrix.host_busy_pct
                     writer.add_requests(row.request_records())
                     writer.add_repeat(row.as_row())
                     writer.add_series(row, f"{name}_r{rep}" + (f"_m{attempt}" if attempt else ""))
@@ -282,7 +283,8 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                     if attempt < matrix.busy_remeasures:  # left out of the figures; measured again in this launch
                         log.warning(f"{_shown(key)}: measured beside a busy neighbour "
                                     f"({row.columns.get('host_other_cpu_pct', math.nan):.0f} % of the host's CPU "
-                                    f"by other processes): measuring it again ({attempt + 1} of "
+                                    f"by other processes, above matrix.host_busy_pct {matrix.host_busy_pct:g} %): "
+                                    f"measuring it again ({attempt + 1} of "
                                     f"{matrix.busy_remeasures})")
                 if block.index == 0 and rep == matrix.repeats - 1 and closed and int(level) in profiled:
                     # prompts under a tag of their own: none of them is in the prefix cache from a measured round

@@ -22,9 +22,7 @@ CELL_KEYS = ["workload", "ctx", "load", "concurrency", "request_rate"]
 
 def quiet(repeats: pd.DataFrame) -> pd.DataFrame:
     """The rounds not measured beside a busy neighbour (all of them where the host's load was not recorded)."""
-    if "host_other_cpu_pct" not in repeats:
-        return repeats
-    return repeats[~(pd.to_numeric(repeats["host_other_cpu_pct"], errors="coerce") > stats_mod.HOST_BUSY_PCT)]
+    return repeats[~stats_mod.busy_rows(repeats)]
 
 
 def cell_rows(repeats: pd.DataFrame, config: str, key: Sequence) -> pd.DataFrame:

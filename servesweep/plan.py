@@ -83,6 +83,7 @@ class Matrix:
     max_window_s: float
     repeats: int
     busy_remeasures: int
+    host_busy_pct: float
     temperature: float
     flush_cache_between_cells: bool
     request_rates: list[float]
@@ -123,6 +124,7 @@ class Matrix:
             max_window_s=float(measure["max_seconds"]),
             repeats=int(matrix["repeats"]),
             busy_remeasures=int(matrix["busy_remeasures"]),
+            host_busy_pct=float(matrix["host_busy_pct"]),
             temperature=float(matrix["temperature"]),
             flush_cache_between_cells=bool(matrix["flush_cache_between_cells"]),
             request_rates=[float(r) for r in (matrix["request_rates"] if request_rates is None else request_rates)],

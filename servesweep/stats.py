@@ -20,13 +20,37 @@ CONFIDENCE = 0.95
 HOST_BUSY_PCT = 10.0
 
 
+def busy_limit(row) -> float:
+    """The share of the host's CPU by other processes above which ``row`` counts as measured beside a busy
+    neighbour: the sweep's ``matrix.host_busy_pct`` as the row recorded it, else :data:`HOST_BUSY_PCT` (rows recorded
+    before the setting existed)."""
+    value = row.get("host_busy_pct") if hasattr(row, "get") else None
+    try:
+        limit = float(value)
+    except (TypeError, ValueError):
+        return HOST_BUSY_PCT
+    return limit if math.isfinite(limit) else HOST_BUSY_PCT
+
+
 def host_busy(row) -> bool:
     """Whether a repeat row was measured beside a busy neighbour (False when it was not measured)."""
     value = row.get("host_other_cpu_pct") if hasattr(row, "get") else None
     try:
-        return float(value) > HOST_BUSY_PCT
+        return float(value) > busy_limit(row)
     except (TypeError, ValueError):
         return False
+
+
+def busy_rows(repeats) -> "pd.Series":
+    """:func:`host_busy` over a repeats table, as a boolean Series (all False where the host's load was not
+    recorded)."""
+    import pandas as pd
+
+    if "host_other_cpu_pct" not in repeats:
+        return pd.Series(False, index=repeats.index)
+    limit = (pd.to_numeric(repeats["host_busy_pct"], errors="coerce") if "host_busy_pct" in repeats
+             else pd.Series(math.nan, index=repeats.index)).fillna(HOST_BUSY_PCT)
+    return pd.to_numeric(repeats["host_other_cpu_pct"], errors="coerce") > limit
 
 
 def percentile(values: Iterable[float], q: float) -> float:

@@ -89,6 +89,23 @@ def copy_tree(dest: Path) -> Path:
     return dest
 
 
+class AliveServer:
+    """A server handle that is always alive and answers nowhere: for bench functions whose measuring is replaced."""
+
+    base_url = "http://127.0.0.1:9"
+
+    def alive(self):
+        return True
+
+
+def truth_server_binary(path: Path) -> Path:
+    """An executable ``llama-server`` at ``path`` that runs tests/truth_server.py (the simulated server whose truth
+    ``$TRUTH_SERVER_SPEC`` sets) with the argv the pipeline gives it."""
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "tests" / "truth_server.py"}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
 @pytest.fixture
 def default_config() -> dict:
     """The embedded default config as a fresh dict."""

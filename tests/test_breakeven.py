@@ -65,6 +65,21 @@ def test_settings_that_agree_are_not_flagged():
     assert be.agree is True
 
 
+def test_settings_without_intervals_give_their_spread_untested():
+    # one launch each (no interval): the points differ 1.83x, which is said, and not called a disagreement
+    one, high = breakeven.Setting("b", 1.0), breakeven.Setting("a", 16.0)
+    rows = [(one, _row("b", 64, 0.505, math.nan, math.nan, "not measurable")),
+            (high, _row("a", 64, 4.4, math.nan, math.nan, "not measurable"))]
+    be = breakeven.break_even(rows, "speedup", "verdict")
+    assert be.agree is None and [round(x, 2) for x in be.point_spread] == [1.98, 3.64]
+    text = "\n".join(breakeven.break_even_lines(pd.DataFrame([r for _, r in rows]), [_meta("a", 16.0), _meta("b", 1.0)]))
+    assert "the settings' estimates span 1.98–3.64 (1.84×), untested: fewer than two of them have an interval" in text
+    assert "the settings disagree" not in text
+    # one setting alone: no spread
+    alone = breakeven.break_even(rows[:1], "speedup", "verdict")
+    assert alone.point_spread is None
+
+
 def test_no_simulated_config_no_section():
     assert breakeven.break_even_lines(pd.DataFrame([_row("x", 1, 1.0, 0.9, 1.1, "inconclusive")]),
                                       [{"config": "x", "engine": "sglang", "options": {}}]) == []

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import AliveServer
+
 from servesweep import bench
 from servesweep.cells import CellRow
 from servesweep.config import check_config
@@ -14,13 +16,6 @@ from servesweep.plan import Matrix, ServerConfig
 pytestmark = pytest.mark.shares_host
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class _Server:
-    base_url = "http://127.0.0.1:9"
-
-    def alive(self):
-        return True
 
 
 class _Writer:
@@ -40,9 +35,9 @@ class _Writer:
         self.series.append(name)
 
 
-def _run(monkeypatch, busy_rounds: int, remeasures: int):
+def _run(monkeypatch, busy_rounds: int, remeasures: int, **matrix_keys):
     config = check_config(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
-    config["matrix"].update(busy_remeasures=remeasures, concurrencies=[1, 4], workloads=["synthetic"])
+    config["matrix"].update(busy_remeasures=remeasures, concurrencies=[1, 4], workloads=["synthetic"], **matrix_keys)
     sc = ServerConfig.from_config("ar", config)
     matrix = Matrix.from_config(config["matrix"])
     tags = []
@@ -70,7 +65,7 @@ def _run(monkeypatch, busy_rounds: int, remeasures: int):
         return {}
 
     monkeypatch.setattr(engine, "kv_capacity", no_capacity)
-    asyncio.run(bench.run_matrix(_Server(), engine, sc, matrix, None, writer))
+    asyncio.run(bench.run_matrix(AliveServer(), engine, sc, matrix, None, writer))
     return writer, tags
 
 
@@ -89,6 +84,31 @@ def test_the_remeasures_stop_at_the_limit(monkeypatch):
     assert [r["busy_remeasure"] for r in at4] == [0, 1] and all(r["host_other_cpu_pct"] == 60.0 for r in at4)
     none, _ = _run(monkeypatch, busy_rounds=5, remeasures=0)
     assert [r["busy_remeasure"] for r in none.rows if r["concurrency"] == 4] == [0]
+
+
+def test_the_busy_limit_is_the_sweeps_and_every_row_records_it(monkeypatch):
+    # 60 % of the host's CPU by other processes is busy at the default limit (10 %), not at 75 %
+    writer, _ = _run(monkeypatch, busy_rounds=2, remeasures=2, host_busy_pct=75)
+    assert [r["busy_remeasure"] for r in writer.rows if r["concurrency"] == 4] == [0]
+    assert {r["host_busy_pct"] for r in writer.rows} == {75.0}
+    default, _ = _run(monkeypatch, busy_rounds=2, remeasures=2)
+    assert {r["host_busy_pct"] for r in default.rows} == {10.0}
+
+
+def test_each_row_is_judged_by_the_limit_it_recorded():
+    import math
+
+    import pandas as pd
+
+    from servesweep import compare, stats
+
+    rows = pd.DataFrame({"host_other_cpu_pct": [60.0, 60.0, 12.0, 5.0],
+                         "host_busy_pct": [75.0, math.nan, 10.0, 10.0]})  # NaN: recorded before the setting
+    assert list(stats.busy_rows(rows)) == [False, True, True, False]
+    assert [stats.host_busy(r) for r in rows.to_dict("records")] == [False, True, True, False]
+    assert len(compare.quiet(rows)) == 2
+    assert list(stats.busy_rows(rows.drop(columns="host_busy_pct"))) == [True, True, True, False]
+    assert not stats.busy_rows(pd.DataFrame({"x": [1]})).any()
 
 
 def test_a_remeasure_is_not_counted_as_a_round():

@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import AliveServer
+
 from servesweep import bench
 from servesweep.config import check_config
 from servesweep.plan import Matrix, ServerConfig
@@ -16,13 +18,6 @@ from pathlib import Path
 pytestmark = pytest.mark.shares_host
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class _Server:
-    base_url = "http://127.0.0.1:9"
-
-    def alive(self):
-        return True
 
 
 def _setup(most):
@@ -45,7 +40,7 @@ def _run(monkeypatch, sc, matrix, bound_below: int, concurrency=4):
     monkeypatch.setattr(bench, "measure_cell", fake_measure)
     engine = bench.get_engine(sc.engine)
     key = bench.CellKey("synthetic", 128, "concurrency", concurrency, math.nan, 0)
-    row = asyncio.run(bench.run_cell(_Server(), engine, sc, matrix, None, None, None, key, False))
+    row = asyncio.run(bench.run_cell(AliveServer(), engine, sc, matrix, None, None, None, key, False))
     return row, calls
 
 

@@ -11,16 +11,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import copy_tree
+from conftest import copy_tree, truth_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTING = 2.5
-
-
-def _stand_in(path: Path) -> Path:
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "tests" / "truth_server.py"}" "$@"\n')
-    path.chmod(0o755)
-    return path
 
 
 def _config(binary: Path) -> dict:
@@ -60,7 +54,7 @@ def _config(binary: Path) -> dict:
 @pytest.mark.e2e
 def test_a_simulation_not_in_effect_is_left_out_and_one_in_effect_is_labelled(tmp_path):
     work = copy_tree(tmp_path / "workflow")
-    (work / "sweep.yaml").write_text(yaml.safe_dump(_config(_stand_in(tmp_path / "llama-server"))))
+    (work / "sweep.yaml").write_text(yaml.safe_dump(_config(truth_server_binary(tmp_path / "llama-server"))))
     run = subprocess.run([sys.executable, "-m", "snakemake", "report", "--cores", "1", "--configfile=sweep.yaml"],
                          cwd=work, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]

@@ -71,6 +71,14 @@ class BreakEven:
             return None
         return max(lo for lo, _ in spans) <= min(hi for _, hi in spans)
 
+    @property
+    def point_spread(self) -> tuple[float, float] | None:
+        """The lowest and highest point estimate where two or more settings have a finite one (None otherwise). Each
+        estimate L / ratio is also a step's time in the baseline's times per token, so their ratio is how much more
+        a step cost at one setting than at another."""
+        points = [est for _, est, *_ in self.estimates if math.isfinite(est) and est > 0]
+        return (min(points), max(points)) if len(points) >= 2 else None
+
 
 def _estimate(length: float, ratio: float, lo: float, hi: float) -> tuple[float, float, float]:
     """L* = L / ratio and its interval from the ratio's (an upper bound of inf where the ratio's lower bound is 0)."""
@@ -111,6 +119,10 @@ def _sentence(c: int, name: str, be: BreakEven) -> str:
     if be.agree is False:
         text += (" — **the settings disagree** (their intervals do not overlap): a step's cost changes with the "
                  "accept length here, so no single break-even holds")
+    elif be.agree is None and be.point_spread is not None:
+        low, high = be.point_spread
+        text += (f" — the settings' estimates span {_num(low)}–{_num(high)} ({high / low:.2f}×), untested: fewer "
+                 "than two of them have an interval")
     return text + "."
 
 

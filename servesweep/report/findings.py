@@ -8,7 +8,6 @@ import pandas as pd
 from servesweep import decide
 from servesweep.report import decisions as rd
 from servesweep import stats as stats_mod
-from servesweep.aggregate import HOST_BUSY_PCT
 from servesweep.engines import engine_names, get_engine
 from servesweep.engines.base import cell_label
 from servesweep.speculation import speculation_status
@@ -76,14 +75,14 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, rule: de
                        + ", which kept up: its figures are the re-measured rounds' (the first attempts' requests are "
                        "in requests.jsonl, phase `client-bound`).")
     if repeats is not None and "host_other_cpu_pct" in repeats:
-        busy = repeats[repeats["host_other_cpu_pct"] > HOST_BUSY_PCT]
+        busy = repeats[stats_mod.busy_rows(repeats)]
         keys = ["config", *[k for k in ("workload", "ctx", "concurrency") if k in repeats]]
         for key, g in busy.groupby(keys):
             r = g.iloc[0]
             of = len(repeats[(repeats[keys] == pd.Series(dict(zip(keys, key)))).all(axis=1)])
             out.append(f"- `{r['config']}` {cell_label(r)}: {len(g)} of {of} repeats were measured while other "
                        f"processes used {g['host_other_cpu_pct'].max():.0f} % of the host's CPU (more than "
-                       f"{HOST_BUSY_PCT:.0f} %): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
+                       f"{stats_mod.busy_limit(r):g} %, `matrix.host_busy_pct`): those repeats are left out of the cell's comparisons, and a cell left with fewer than "
                        "two quiet repeats is not compared at all.")
     out += repeat_order_findings(repeats)
     out += rd.order_effect(repeats, metas or [])
