@@ -10,19 +10,17 @@ MAX_LINES = 40
 
 
 def summary_for_terminal(findings: str | Path, max_lines: int = MAX_LINES) -> str:
-    """The Summary section of ``findings`` as written, its heading included (interactive and batch answers, the
-    picks per service-level target, Resolution, Flags, failed configs), without its chart line and its runs of blank
-    lines, cut to ``max_lines`` lines with a last line saying how many more the file holds. Empty when the file has
-    no Summary."""
+    """The first screen of ``findings`` as written: its Summary from the heading to the first chart (failed configs,
+    the table of answers and picks, Resolution, Flags; the answers in words follow the chart in the file), without
+    its runs of blank lines, cut to ``max_lines`` lines with a last line saying how many more the file holds. Empty
+    when the file has no Summary."""
     lines = Path(findings).read_text().splitlines()
     if SUMMARY_HEADING not in lines:
         return ""
     section = [SUMMARY_HEADING]
     for line in lines[lines.index(SUMMARY_HEADING) + 1:]:
-        if line.startswith("## "):
+        if line.startswith("## ") or line.startswith("!["):
             break
-        if line.startswith("!["):
-            continue
         if line.strip() or (section and section[-1].strip()):
             section.append(line)
     while section and not section[-1].strip():

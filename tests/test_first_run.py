@@ -25,7 +25,8 @@ def test_a_run_shows_progress_and_ends_with_the_answer(tmp_path):
     assert "\r" not in shown
     findings = workdir / "results/report/FINDINGS.md"
     summary = summary_for_terminal(findings)
-    assert "**Interactive**" in summary and "**Resolution**" in summary
+    assert "| interactive (per user)" in summary and "**Resolution**" in summary
+    assert "### The answers in words" not in summary  # the terminal shows the first screen, up to its chart
     assert proc.stdout.rstrip().endswith(
         summary.replace(str(findings), "results/report/FINDINGS.md") + "\n\nFindings: results/report/FINDINGS.md\n"
         "HTML report (findings, charts and tables in one file): "

@@ -69,8 +69,10 @@ def test_pipeline_end_to_end(workdir):
     snakemake(workdir, "report")
     findings = (workdir / "results/report/FINDINGS.md").read_text()
     assert "## Findings" in findings and "Every config per cell" in findings
-    assert findings.index("**Interactive**") < findings.index("**Batch**") < findings.index("**Resolution**") \
-        < findings.index("## How to read the verdicts")
+    # the first screen's table and resolution, the chart, then the same answers in words, before any method text
+    assert findings.index("| interactive (per user)") < findings.index("| batch (throughput)") \
+        < findings.index("**Resolution**") < findings.index("![") < findings.index("### The answers in words") \
+        < findings.index("**Interactive**") < findings.index("**Batch**") < findings.index("## How to read the verdicts")
     for name in ("throughput_vs_concurrency", "speedup_heatmap"):
         assert (workdir / f"results/report/{name}.png").read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (workdir / f"results/report/{name}.svg").read_text()[:500]

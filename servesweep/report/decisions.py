@@ -101,6 +101,41 @@ def _answer(name: str, level: int, base, sp: pd.DataFrame, baseline: str, metric
             + "; ".join(others) + ".")
 
 
+def _sweep_family(speedup: pd.DataFrame) -> pd.DataFrame:
+    closed = _closed(speedup)
+    return closed[closed["family"] == "sweep"] if "family" in closed else closed
+
+
+def mde_parts(sweep: pd.DataFrame, worst: bool = True) -> tuple[list[str], bool]:
+    """The smallest differences the sweep's comparisons could have seen: the median MDE per user at the lowest C and
+    in throughput at the highest (with the largest where it is worse, if ``worst``), and whether either median is
+    beyond what the report shows as a figure."""
+    parts, unusable = [], False
+    if sweep.empty:
+        return parts, unusable
+    for level, metric, label in ((sweep["concurrency"].min(), "per_request_mde", "per user"),
+                                 (sweep["concurrency"].max(), "mde", "throughput")):
+        mdes = sweep[sweep["concurrency"] == level][metric].dropna()
+        if len(mdes):
+            most = (f" (up to {decide.mde_text(mdes.max())})" if worst and mdes.max() > mdes.median() + 1e-9
+                    and mdes.median() <= decide.MDE_SHOWN_MAX else "")
+            parts.append(f"{decide.mde_text(mdes.median())} {label} at C={int(level)}{most}")
+            unusable = unusable or mdes.median() > decide.MDE_SHOWN_MAX
+    return parts, unusable
+
+
+def resolution_line(speedup: pd.DataFrame, design: dict) -> list[str]:
+    """The first screen's resolution in one sentence: blocks, comparisons, the smallest differences seen."""
+    blocks = design.get("blocks", 0)
+    parts, _ = mde_parts(_sweep_family(speedup), worst=False)
+    rule = design.get("rule") or {}
+    launches = f"{blocks} block{'s' if blocks != 1 else ''}" if blocks else "one launch per config"
+    text = (f"**Resolution**: {launches}, {design.get('comparisons', 0)} comparisons at a false-discovery rate of "
+            f"{100 * rule.get('alpha', 0.05):.0f} %")
+    text += ("; smallest difference seen: " + ", ".join(parts) + "." if parts else "; no comparison had an interval.")
+    return [text, ""]
+
+
 def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
     """What this sweep could have seen: its blocks and rounds, its rule, and the minimum detectable effect at the
     lowest and highest concurrency."""
@@ -108,18 +143,8 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
     blocks = design.get("blocks", 0)
     rounds = design.get("rounds_per_launch") or []
     designs = design.get("designs") or {}
-    closed = _closed(speedup)
-    sweep = closed[closed["family"] == "sweep"] if "family" in closed else closed
-    parts, unusable = [], False
-    if not sweep.empty:
-        for level, metric, label in ((sweep["concurrency"].min(), "per_request_mde", "per user"),
-                                     (sweep["concurrency"].max(), "mde", "throughput")):
-            mdes = sweep[sweep["concurrency"] == level][metric].dropna()
-            if len(mdes):
-                worst = (f" (up to {decide.mde_text(mdes.max())})" if mdes.max() > mdes.median() + 1e-9
-                         and mdes.median() <= decide.MDE_SHOWN_MAX else "")
-                parts.append(f"{decide.mde_text(mdes.median())} {label} at C={int(level)}{worst}")
-                unusable = unusable or mdes.median() > decide.MDE_SHOWN_MAX
+    sweep = _sweep_family(speedup)
+    parts, unusable = mde_parts(sweep)
     made = ", ".join(f"{n} {d}" for d, n in sorted(designs.items())) or "none decided"
     paired = sweep[sweep["design"].astype(str).str.startswith(decide.PAIRED)] if "design" in sweep else sweep.iloc[0:0]
     used = pd.to_numeric(paired.get("blocks", pd.Series(dtype=float)), errors="coerce").dropna()

@@ -15,6 +15,7 @@ from servesweep.report.speculative import summary_lines
 from servesweep.report.capacity import capacity_lines
 from servesweep.report.text import _fmt, _money, _point
 from servesweep.report.findings import repeat_order_drifts
+from servesweep.report.screen import table as screen_table
 
 
 def server_bound(cells: pd.DataFrame) -> pd.DataFrame:
@@ -251,17 +252,40 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
     cost = cost or {}
     rule = rule or decide.Rule()
     cells = with_unit_columns(cells, cost)
-    lines = ["## Summary", ""] + rd.failures(metas or []) + rd.answers(cells, speedup, baseline)
-    lines += block0_lines(repeats, speedup, baseline)
-    lines += summary_lines(cells, speedup, metas or [])
     # configs whose token counts cannot be trusted, or that measured nothing, are picked nowhere (Flags says why)
-    cells = cells[~cells["config"].isin(set(design.get("untrusted") or {}))]
+    trusted = cells[~cells["config"].isin(set(design.get("untrusted") or {}))]
     choices = []
     for slo in slos:
-        for label, g in prompt_sets(cells):
+        for label, g in prompt_sets(trusted):
             choices.append((slo, label, slo_choice(g, repeats, slo)))
     decide_margins([c for _, _, c in choices], rule)
-    named = set()
+    named = {c["config"] for _, _, choice in choices for c in (choice["best"], choice["runner_up"]) if c is not None}
+    screen = ["## Summary", ""] + rd.failures(metas or []) + screen_table(cells, speedup, baseline, choices, metas)
+    screen += rd.resolution_line(speedup, design) + rd.flags(design, speedup)
+    # what the reader must know before acting on a pick: on the first screen, under the flags
+    drafting = random_weight_drafting_note(trusted, (random_weight_speculative or set()) & named)
+    if drafting:
+        screen += [drafting, ""]
+    changed = {c: n for c, n in (not_lossless or {}).items() if c in named}
+    if changed:
+        screen += ["**Greedy output changed** under "
+                   + "; ".join(f"`{c}` ({n} lossless-check completions matched the baseline's)"
+                               for c, n in sorted(changed.items()))
+                   + ", named above: its speed is what was measured, but its greedy output is not always the "
+                   "baseline's (Correctness section).", ""]
+    drift = repeat_order_drifts(repeats)
+    if drift:
+        screen += ["**The measurements changed during the jobs**: "
+                   + "; ".join(f"the first round of repeats was the {word} in {hits} of {n} cells (p = {p:.2g})"
+                               for word, hits, n, p, _ in drift)
+                   + ". The intervals and margins hold that change as well as the cells' noise (Anomalies).", ""]
+    screen += ["The answers in words, with the resolution in full and the notes, follow the chart.", ""]
+    for chart in charts_in("summary"):
+        screen += [chart.markdown(), ""]
+    lines = ["### The answers in words", ""] + rd.answers(cells, speedup, baseline)
+    lines += block0_lines(repeats, speedup, baseline)
+    lines += summary_lines(cells, speedup, metas or [])
+    cells = trusted
     if not slos:
         lines += ["**Per SLO** — no service-level targets in the config's `slo:` section: no config is picked.", ""]
     for slo in slos:
@@ -270,33 +294,14 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
                   "host for a CPU engine); client-bound cells are left out and named where one met it above the "
                   "pick.", ""]
         for s_, label, choice in choices:
-            if s_ is not slo:
-                continue
-            named |= {c["config"] for c in (choice["best"], choice["runner_up"]) if c is not None}
-            lines += choice_lines(label, choice, cost)
+            if s_ is slo:
+                lines += choice_lines(label, choice, cost)
         lines.append("")
     lines += capacity_lines(capacity, cost)
     lines += rd.resolution(speedup, design)
-    lines += rd.flags(design, speedup)
-    drafting = random_weight_drafting_note(cells, (random_weight_speculative or set()) & named)
-    if drafting:
-        lines += [drafting, ""]
     simulated = simulated_acceptance_note(metas or [], named)
     if simulated:
         lines += [simulated, ""]
-    changed = {c: n for c, n in (not_lossless or {}).items() if c in named}
-    if changed:
-        lines += ["**Greedy output changed** under "
-                  + "; ".join(f"`{c}` ({n} lossless-check completions matched the baseline's)"
-                              for c, n in sorted(changed.items()))
-                  + ", named above: its speed is what was measured, but its greedy output is not always the "
-                  "baseline's (Correctness section).", ""]
-    drift = repeat_order_drifts(repeats)
-    if drift:
-        lines += ["**The measurements changed during the jobs**: "
-                  + "; ".join(f"the first round of repeats was the {word} in {hits} of {n} cells (p = {p:.2g})"
-                              for word, hits, n, p, _ in drift)
-                  + ". The intervals and margins above hold that change as well as the cells' noise (Anomalies).", ""]
     notes = []
     if not cost.get("gpu_hour") and not cost.get("kwh"):
         notes.append("No prices in the config's `cost:` section: cost per million tokens is not computed.")
@@ -305,6 +310,4 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
                      "cost is given.")
     if notes:
         lines += [" ".join(notes), ""]
-    for chart in charts_in("summary"):
-        lines += [chart.markdown(), ""]
-    return lines
+    return screen + lines
