@@ -479,6 +479,7 @@ def design_table(speedup: pd.DataFrame, metas: list[dict], repeats: pd.DataFrame
                          "verdict": r[f"{prefix}verdict"]})
     out = _design_summary(rows, rule, metas, repeats)
     out["untrusted"] = trust.untrusted_configs(cells) if cells is not None else {}
+    out["stream_faults"] = trust.stream_faults(cells) if cells is not None else {}
     out["split_blocks"] = compare.split_blocks(repeats)
     checks = speedup[speedup["family"] == "replicate check"]
     out["replicates"] = replicates(metas)

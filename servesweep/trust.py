@@ -79,3 +79,33 @@ def untrusted_configs(cells: pd.DataFrame) -> dict[str, str]:
                         f"{len(inflated)} of {len(rows)} cell(s) without any speculation reported "
                         "(usage_tokens_per_chunk)")
     return out
+
+
+def stream_faults(cells: pd.DataFrame) -> dict[str, str]:
+    """{config: one-line description} of faults that leave a config ranked but take figures away, for the first
+    screen's flags: whole responses streamed in one piece (``burst_stream_requests`` in at least
+    :data:`MISMATCH_SHARE` of its successful requests: no per-token timing, so per-user speed, TPOT and ITL are not
+    measurable while its throughput still counts the tokens as they arrived), and a ``/metrics`` endpoint that did
+    not answer Prometheus text (``metrics_warning``: the engine's own figures are missing)."""
+    out: dict[str, str] = {}
+    if cells is None or cells.empty or "config" not in cells:
+        return out
+    for cfg, g in cells.groupby("config", sort=True):
+        rows = g.to_dict("records")
+        parts = []
+        ok = sum(_num(r.get("requests")) - _num(r.get("errors")) for r in rows
+                 if not math.isnan(_num(r.get("requests"))) and not math.isnan(_num(r.get("errors"))))
+        burst = sum(_num(r.get("burst_stream_requests")) for r in rows
+                    if not math.isnan(_num(r.get("burst_stream_requests"))))
+        if ok > 0 and burst / ok >= MISMATCH_SHARE:
+            parts.append(f"{int(burst)} of {int(ok)} successful responses arrived in one piece "
+                         "(burst_stream_requests): no per-token timing, so its per-user speed, TPOT and ITL are not "
+                         "measurable, while its throughput counts the tokens as they arrived")
+        warned = [str(r.get("metrics_warning")) for r in rows if isinstance(r.get("metrics_warning"), str)
+                  and r.get("metrics_warning").strip()]
+        if warned:
+            parts.append(f"its /metrics did not answer Prometheus text in {len(warned)} of {len(rows)} cell(s) "
+                         f"(metrics_warning: {warned[0][:120]}): the engine's own figures are missing there")
+        if parts:
+            out[cfg] = "; ".join(parts)
+    return out

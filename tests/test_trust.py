@@ -8,7 +8,7 @@ from servesweep import promtext, stats
 from servesweep.engines import get_engine
 from servesweep.engines.base import usage_vs_engine
 from servesweep.loadgen import usage_problem
-from servesweep.trust import untrusted_configs
+from servesweep.trust import stream_faults, untrusted_configs
 
 pytestmark = pytest.mark.shares_host
 
@@ -112,6 +112,23 @@ def test_untrusted_configs_names_liars_and_failures():
     assert got["dead"].startswith("failed") and "usage_tokens_per_chunk" in got["liar"]
     assert "usage_mismatch_requests" in got["over-max"] and "usage_engine_mismatch" in got["over-engine"]
     assert untrusted_configs(pd.DataFrame()) == {}
+
+
+def test_stream_faults_name_one_piece_responses_and_unreadable_metrics_and_nothing_else():
+    cells = pd.DataFrame([
+        _cells("honest", burst_stream_requests=0, metrics_warning=math.nan),
+        _cells("one-odd", requests=100, burst_stream_requests=1),  # one short reply that came at once: not a fault
+        _cells("burst", burst_stream_requests=4, requests=4), _cells("burst", burst_stream_requests=8, requests=8),
+        _cells("html-metrics", metrics_warning="http://127.0.0.1:1/metrics: not Prometheus text (<html>)"),
+    ])
+    got = stream_faults(cells)
+    assert set(got) == {"burst", "html-metrics"}
+    assert got["burst"].startswith("12 of 12 successful responses arrived in one piece (burst_stream_requests)")
+    assert "per-user speed, TPOT and ITL are not measurable" in got["burst"]
+    assert "metrics_warning: http://127.0.0.1:1/metrics" in got["html-metrics"] and "1 of 1 cell(s)" in got["html-metrics"]
+    from servesweep.report.decisions import flags
+    text = "\n".join(flags({"stream_faults": got, "untrusted": {"html-metrics": "failed: …"}}, pd.DataFrame()))
+    assert "**`burst` misbehaved**: 12 of 12" in text and "`html-metrics` misbehaved" not in text
 
 
 def test_untrusted_configs_reads_cells_csv_strings(tmp_path):

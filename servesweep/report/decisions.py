@@ -189,6 +189,9 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
     out = []
     for cfg, why in sorted((design.get("untrusted") or {}).items()):
         out.append(f"**`{cfg}` is left out of every ranking and pick**: {why}.")
+    for cfg, what in sorted((design.get("stream_faults") or {}).items()):
+        if cfg not in (design.get("untrusted") or {}):
+            out.append(f"**`{cfg}` misbehaved**: {what}.")
     checks = design.get("replicate_check") or []
     if checks:
         differs = design.get("replicate_differs") or []
