@@ -1,5 +1,5 @@
 """Aggregate per-config cells into the sweep's tables (pandas): throughput with intervals, speedup vs the baseline
-with Fieller intervals and significance verdicts, the sweep's measured noise band, energy."""
+with intervals and the sweep's verdicts (servesweep.decide), energy."""
 from __future__ import annotations
 
 import json
@@ -606,7 +606,7 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
 
 def build_tables(cell_paths: list[Path], repeat_paths: list[Path], meta_paths: list[Path], baseline: str,
                  out: TablePaths, cost: dict | None = None, rule: decide.Rule | None = None) -> None:
-    """Write the sweep's tables: cells, repeats, noise band, throughput, speedup and energy (CSV and markdown), and
+    """Write the sweep's tables: cells, repeats, the design (noise.json), throughput, speedup and energy (CSV and markdown), and
     the capacity searches' answers and probes (servesweep.capacity);
     ``cost`` is the config's ``cost:`` section (prices for cost per million output tokens). Plain lists of paths,
     a string and a dict: the Snakemake adapter (scripts/aggregate_tables.py) translates its objects."""

@@ -1,4 +1,4 @@
-"""The measurement model: windowed throughput, per-token vs per-chunk ITL, intervals, verdicts, the noise band,
+"""The measurement model: windowed throughput, per-token vs per-chunk ITL, intervals, verdicts,
 and a steady-state cell against a loopback server whose timing is known."""
 import asyncio
 import json

@@ -169,7 +169,7 @@ def repeat_order_findings(repeats: pd.DataFrame | None) -> list[str]:
     chance allows: the intervals treat a cell's repeats as alike, and such an order says they were not."""
     return [f"- Repeat order mattered: the first round was the {word} of its cell's repeats in {hits} of {n} cells "
             f"({per}); were the order of the repeats irrelevant, that many or more would happen with probability "
-            f"{p:.2g}. The 95 % intervals and the noise band treat a cell's repeats as alike, so here they also hold "
+            f"{p:.2g}. The 95 % intervals treat a cell's repeats as alike, so here they also hold "
             "a change over the job's time; what changed is not measured."
             for word, hits, n, p, per in repeat_order_drifts(repeats)]
 
