@@ -134,15 +134,25 @@ def test_pipeline_end_to_end(workdir):
     assert len(speedup[speedup["config"] == "ar-copy"]) == 6
     assert len(copy_rows) == 4 and (copy_rows["speedup_lo"] < copy_rows["speedup_hi"]).all()
     # The copy is decided as its own family, the replicate check, paired over the blocks. That a true A/A pair is
-    # called different at most at the promised rate is shown by the calibration (tests/test_calibration.py, against
-    # servers whose truth is set); here one real run must not call it different (a 5 % chance per run at most).
+    # called different at most at the promised rate is shown by the calibration and the known-truth pipeline sweeps
+    # (tests/test_calibration.py, tests/test_truth_pipeline_first_launch.py: servers whose truth is set). One real
+    # run on a shared CPU host can call it (one full-suite run of three on 2026-12-06 did: sharegpt C=2, 0.89×
+    # [0.86, 0.92] "slower"), so what this run must get right is the report's account of whichever it was.
     assert (copy_rows["family"] == "replicate check").all() and (copy_rows["design"] == "paired blocks").all()
-    assert not copy_rows["verdict"].str.startswith(("faster", "slower")).any(), copy_rows.to_string()
     assert "`ar-copy` on synthetic 32-token prompts (replicate check" in findings
     noise = json.loads((workdir / "results/tables/noise.json").read_text())
-    assert noise["replicates"] == {"ar-copy": "ar"} and noise["replicate_differs"] == []
+    assert noise["replicates"] == {"ar-copy": "ar"}
     assert len(noise["replicate_check"]) == 6 and noise["blocks"] == 3
-    assert "Replicate check: `ar-copy`, launched exactly like the baseline, was called different in none" in findings
+    from servesweep import decide
+    every = speedup[speedup["config"] == "ar-copy"]
+    called = [decide.differs(v) for col in ("verdict", "per_request_verdict") for v in every[col].astype(str)]
+    if any(called):
+        assert noise["replicate_differs"] == ["ar-copy"], noise["replicate_differs"]
+        assert "**The replicate check failed**: `ar-copy`, launched exactly like the baseline, was called different" \
+            in findings
+    else:
+        assert noise["replicate_differs"] == []
+        assert "Replicate check: `ar-copy`, launched exactly like the baseline, was called different in none" in findings
     from report_claims import check_claims
     assert check_claims(findings, speedup, cells) > 0
     correctness = pd.read_csv(workdir / "results/tables/correctness.csv")
