@@ -125,3 +125,14 @@ def not_in_effect_reason(setting: float, measured: list[tuple[str, float]]) -> s
     worst = max(off, key=lambda x: abs(x[1] - setting))
     return (f"{NOT_IN_EFFECT}: accept length set to {setting:g}, measured {worst[1]:.2f} at {worst[0]} "
             f"({len(off)} of {len(known)} cell(s) beyond ±{tolerance(setting):.2f}; accept_length)")
+
+
+def lengths_set(metas: list[dict]) -> dict[str, float]:
+    """{config: the accept length it simulates} from the runs' meta.json (``speculation.simulated_accept_length``);
+    configs that simulate nothing are not named."""
+    out = {}
+    for m in metas:
+        length = (m.get("speculation") or {}).get("simulated_accept_length")
+        if length is not None and m.get("config"):
+            out[m["config"]] = float(length)
+    return out

@@ -9,6 +9,7 @@ import math
 import altair as alt
 import pandas as pd
 
+from servesweep import acceptance
 from servesweep.aggregate import with_unit_columns
 from servesweep.chart_registry import CHARTS, has_gpu_energy
 from servesweep.frontier import frontier_by
@@ -92,9 +93,7 @@ def break_even_chart(metas: list[dict], speedup: pd.DataFrame, baseline: str) ->
     a log axis cannot show, 0 or unbounded, is not drawn: the bar stops at the point) and a dashed rule at 1, the
     break-even; columns: per user, throughput; rows: family and prompt set."""
     # the speedup table may name simulated configs as the other charts do (simulated_names): back to the metas' names
-    settings = {m["config"]: (m.get("speculation") or {}).get("simulated_accept_length") for m in metas
-                if m.get("config")}
-    plain = {simulated_name(cfg, value): cfg for cfg, value in settings.items() if value is not None}
+    plain = {simulated_name(cfg, value): cfg for cfg, value in acceptance.lengths_set(metas).items()}
     data = break_even_points(renamed(speedup, plain), metas)
     data = data[(data["ratio"] > 0) & data["ratio"].map(math.isfinite)].copy()
     title = alt.TitleParams(f"Break-even: speedup over {baseline} vs concurrency, one line per simulated accept length",

@@ -46,11 +46,7 @@ def busy_rows(repeats) -> "pd.Series":
     recorded)."""
     import pandas as pd
 
-    if "host_other_cpu_pct" not in repeats:
-        return pd.Series(False, index=repeats.index)
-    limit = (pd.to_numeric(repeats["host_busy_pct"], errors="coerce") if "host_busy_pct" in repeats
-             else pd.Series(math.nan, index=repeats.index)).fillna(HOST_BUSY_PCT)
-    return pd.to_numeric(repeats["host_other_cpu_pct"], errors="coerce") > limit
+    return pd.Series([host_busy(r) for r in repeats.to_dict("records")], index=repeats.index, dtype=bool)
 
 
 def percentile(values: Iterable[float], q: float) -> float:

@@ -35,6 +35,11 @@ def _num(value) -> float:
     return out
 
 
+def _total(rows: list[dict], column: str) -> float:
+    """The sum of ``column`` over ``rows``, leaving out cells that did not record it."""
+    return sum(v for v in (_num(r.get(column)) for r in rows) if not math.isnan(v))
+
+
 def _speculated(row) -> bool:
     return any(_num(row.get(c)) > 0 for c in _SPECULATION)
 
@@ -47,14 +52,12 @@ def untrusted_configs(cells: pd.DataFrame) -> dict[str, str]:
         return out
     for cfg, g in cells.groupby("config", sort=True):
         rows = g.to_dict("records")
-        requests = sum(_num(r.get("requests")) for r in rows if not math.isnan(_num(r.get("requests"))))
-        errors = sum(_num(r.get("errors")) for r in rows if not math.isnan(_num(r.get("errors"))))
+        requests, errors = _total(rows, "requests"), _total(rows, "errors")
         counted = any(not math.isnan(_num(r.get("requests"))) for r in rows)
         if counted and requests - errors <= 0:
             out[cfg] = f"failed: no successful request in {len(rows)} cell(s) ({int(requests)} sent, all errors)"
             continue
-        mismatched = sum(_num(r.get("usage_mismatch_requests")) for r in rows
-                         if not math.isnan(_num(r.get("usage_mismatch_requests"))))
+        mismatched = _total(rows, "usage_mismatch_requests")
         if requests and mismatched / requests >= MISMATCH_SHARE:
             out[cfg] = (f"token counts disagree: {int(mismatched)} of {int(requests)} requests reported an "
                         "impossible usage count (usage_mismatch_requests)")
@@ -93,10 +96,8 @@ def stream_faults(cells: pd.DataFrame) -> dict[str, str]:
     for cfg, g in cells.groupby("config", sort=True):
         rows = g.to_dict("records")
         parts = []
-        ok = sum(_num(r.get("requests")) - _num(r.get("errors")) for r in rows
-                 if not math.isnan(_num(r.get("requests"))) and not math.isnan(_num(r.get("errors"))))
-        burst = sum(_num(r.get("burst_stream_requests")) for r in rows
-                    if not math.isnan(_num(r.get("burst_stream_requests"))))
+        ok = _total(rows, "requests") - _total(rows, "errors")
+        burst = _total(rows, "burst_stream_requests")
         if ok > 0 and burst / ok >= MISMATCH_SHARE:
             parts.append(f"{int(burst)} of {int(ok)} successful responses arrived in one piece "
                          "(burst_stream_requests): no per-token timing, so its per-user speed, TPOT and ITL are not "

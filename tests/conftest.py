@@ -154,6 +154,25 @@ def paired_ratio(repeats, cfg: str, workload: str, conc, column: str = "agg_outp
     return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
 
 
+def example_fixtures(example: Path, configs):
+    """A recorded example's module-scoped fixtures, for a test module to bind as ``report, repeats, metas =
+    example_fixtures(EXAMPLE, CONFIGS)``: ``report`` (:func:`rebuilt_example` under a temporary folder), ``repeats``
+    (:func:`example_repeats`) and ``metas`` (:func:`example_metas`)."""
+    @pytest.fixture(scope="module")
+    def report(tmp_path_factory):
+        return rebuilt_example(example, tmp_path_factory.mktemp(f"{example.name}-report"))
+
+    @pytest.fixture(scope="module")
+    def repeats():
+        return example_repeats(example, configs)
+
+    @pytest.fixture(scope="module")
+    def metas():
+        return example_metas(example, configs)
+
+    return report, repeats, metas
+
+
 def rebuilt_example(example: Path, out: Path):
     """A recorded example's report rebuilt under ``out``: (FINDINGS text, cells table, correctness table)."""
     import pandas as pd

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import example_metas, example_readme, example_repeats, paired_ratio, rebuilt_example
+from conftest import example_fixtures, example_metas, example_readme, paired_ratio
 
 from servesweep import decide
 from servesweep.loadgen.stream import usage_problem
@@ -27,19 +27,7 @@ def readme() -> str:
     return example_readme(EXAMPLE)
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    return rebuilt_example(EXAMPLE, tmp_path_factory.mktemp("h100-sglang-dense-13b-sim-report"))
-
-
-@pytest.fixture(scope="module")
-def repeats():
-    return example_repeats(EXAMPLE, CONFIGS)
-
-
-@pytest.fixture(scope="module")
-def metas():
-    return example_metas(EXAMPLE, CONFIGS)
+report, repeats, metas = example_fixtures(EXAMPLE, CONFIGS)
 
 
 def test_the_config_is_the_repository_one_and_three_blocks_ran_in_the_planned_orders(repeats, metas):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import example_metas, example_readme, example_repeats, paired_ratio, rebuilt_example
+from conftest import example_fixtures, example_readme, paired_ratio
 
 from servesweep import decide
 
@@ -25,19 +25,7 @@ def readme() -> str:
     return example_readme(EXAMPLE)
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    return rebuilt_example(EXAMPLE, tmp_path_factory.mktemp("h100-sglang-mla-moe-16b-sim-report"))
-
-
-@pytest.fixture(scope="module")
-def repeats():
-    return example_repeats(EXAMPLE, CONFIGS)
-
-
-@pytest.fixture(scope="module")
-def metas():
-    return example_metas(EXAMPLE, CONFIGS)
+report, repeats, metas = example_fixtures(EXAMPLE, CONFIGS)
 
 
 def test_the_config_is_the_repository_one_and_its_launches_followed_the_plan(repeats, metas):

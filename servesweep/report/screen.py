@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from servesweep import decide
-from servesweep.report.decisions import LOW, HIGH, prompts_label, ratio_text
+from servesweep import acceptance, decide
+from servesweep.report.decisions import HIGH, LOW, _closed, prompts_label, ratio_text
 from servesweep.report.text import _fmt, _point
 
 QUESTIONS = ((LOW, "per user", "per_request_speedup", "per_request_verdict", "per_request_tok_s", "tok/s per user",
               min),
              (HIGH, "throughput", "speedup", "verdict", "agg_output_tok_s", "output tok/s", max))
-
-
-def _closed(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["load"] == "concurrency"] if "load" in df else df
 
 
 def _versus(r: dict, ratio: str, verdict: str) -> str:
@@ -29,14 +25,6 @@ def _name(config: str, simulated: dict[str, float]) -> str:
     return f"`{config}`" + (f" (simulated acceptance {simulated[config]:g})" if config in simulated else "")
 
 
-def simulated_lengths(metas: list[dict]) -> dict[str, float]:
-    """{config: the accept length it simulates} from the runs' meta.json."""
-    out = {}
-    for m in metas:
-        length = (m.get("speculation") or {}).get("simulated_accept_length")
-        if length is not None and m.get("config"):
-            out[m["config"]] = float(length)
-    return out
 
 
 def answer_rows(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str,
@@ -125,7 +113,7 @@ def table(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, choices: li
           metas: list[dict] | None = None) -> list[str]:
     """The first screen's table (markdown lines, a blank line after); configs that simulate their acceptance are
     labelled so wherever they appear (from ``metas``)."""
-    simulated = simulated_lengths(metas or [])
+    simulated = acceptance.lengths_set(metas or [])
     rows = answer_rows(cells, speedup, baseline, simulated) + slo_rows(choices, simulated)
     if not rows:
         return []
