@@ -1,6 +1,7 @@
 # servesweep: reproducible LLM-serving benchmarks.
 # model download -> engine preparation and environment checks -> host warm-up -> one bench job per server config
-# and block, gathered per config -> tables, lossless and coding-eval tables -> charts -> findings report
+# and block (under design.blocks: auto, added at looks until the first screen is decided), gathered per config ->
+# tables, lossless and coding-eval tables -> charts -> findings report
 
 import time
 
@@ -29,6 +30,7 @@ include: "rules/common.smk"
 include: "rules/download.smk"
 include: "rules/envcheck.smk"
 include: "rules/bench.smk"
+include: "rules/design.smk"
 include: "rules/aggregate.smk"
 include: "rules/correctness.smk"
 include: "rules/report.smk"
@@ -42,6 +44,7 @@ localrules:
     host,
     download_model,
     collect_config,
+    decide_look,
     aggregate_tables,
     check_lossless,
     plot_charts,

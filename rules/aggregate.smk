@@ -3,6 +3,7 @@ rule aggregate_tables:
         cells=get_run_outputs("cells.csv"),
         repeats=get_run_outputs("repeats.csv"),
         meta=get_run_outputs("meta.json"),
+        look=get_final_look,
     output:
         cells="results/tables/cells.csv",
         repeats="results/tables/repeats.csv",

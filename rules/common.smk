@@ -13,7 +13,8 @@ from servesweep.config import SCHEMA_RESOURCE, ConfigError, check_config
 from servesweep.correctness.job import coding_eval_configs
 from servesweep.engines import engine_names, get_engine
 from servesweep.envcheck import nvls_configs
-from servesweep.plan import bench_params, sweep_orders, sweep_plan_line
+from servesweep.adaptive import is_auto, read_look, sweep_looks
+from servesweep.plan import bench_params, planned_blocks, sweep_orders, sweep_plan_line
 
 # The library's check first (schema with key-naming messages, defaults, semantic checks), then Snakemake's own
 # validation against the package's schema. All of this happens while the DAG is built: before any server starts.
@@ -31,8 +32,12 @@ HOST = config.get("host", {}).get("name") or os.environ.setdefault(
     "SERVESWEEP_HOST", socket.gethostname().split(".")[0]
 )
 BASELINE = config["baseline"]
-# Blocks (docs/measurement.md, "Blocks"): every config is launched once per block, in the block's order.
-BLOCKS = list(range(config["design"]["blocks"]))
+# Blocks (docs/measurement.md, "Blocks"): every config is launched once per block, in the block's order. Under
+# `design.blocks: auto` the orders are planned to the last look and each look's checkpoint (rules/design.smk) decides
+# whether the next look's blocks are measured.
+AUTO_BLOCKS = is_auto(config)
+LOOKS = sweep_looks(config) if AUTO_BLOCKS else []
+PLANNED_BLOCKS = planned_blocks(config)
 BLOCK_ORDER = sweep_orders(config)
 # What the sweep costs, before anything runs (also under `snakemake -n`); cluster jobs re-read this file and say nothing.
 if "SERVESWEEP_RUN" not in os.environ:
@@ -50,6 +55,7 @@ wildcard_constraints:
     model=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     engine="|".join(engine_names()),
     block=r"\d+",
+    look=r"\d+",
 
 
 def get_model_of(wildcards):
@@ -91,12 +97,43 @@ def block_priority(wildcards):
     is measured; the order actually run is recorded in each launch's meta.json and checked by the report."""
     b = int(wildcards.block)
     position = BLOCK_ORDER[b].index(wildcards.cfg)
-    return (len(BLOCKS) - b) * (len(SERVER_CONFIGS) + 1) - position
+    return (PLANNED_BLOCKS - b) * (len(SERVER_CONFIGS) + 1) - position
 
 
 def get_block_outputs(name):
-    """One config's file `name` from each of its launches."""
-    return lambda wc: expand(f"results/blocks/{wc.cfg}/b{{block}}/{name}", block=BLOCKS)
+    """One config's file `name` from each of its launches the report is built from."""
+    return lambda wc: expand(f"results/blocks/{wc.cfg}/b{{block}}/{name}", block=range(measured_blocks()))
+
+
+def final_look():
+    """Under `design.blocks: auto`, the look the sweep stopped at: (its folder, its decision). Each look's checkpoint
+    is asked in turn; asking one not yet decided schedules its blocks and its decision first."""
+    for k in range(len(LOOKS)):
+        folder = checkpoints.decide_look.get(look=k).output.folder
+        look = read_look(folder)
+        if not look["go_on"]:
+            return folder, look
+    raise WorkflowError(
+        f"design.looks: the last look ({LOOKS[-1].blocks} blocks) asked for another; remove "
+        "results/design/ and run again"
+    )
+
+
+def measured_blocks():
+    """The blocks the report is built from: `design.blocks`, or under auto the blocks of the look it stopped at."""
+    return final_look()[1]["blocks"] if AUTO_BLOCKS else PLANNED_BLOCKS
+
+
+def get_final_look(wildcards):
+    """The look an adaptive sweep stopped at (its folder: the tables are decided at its level), or nothing."""
+    return [final_look()[0]] if AUTO_BLOCKS else []
+
+
+def get_look_launches(name):
+    """Every config's file `name` from the launches of look `look` (its blocks in all)."""
+    return lambda wc: expand(
+        f"results/blocks/{{cfg}}/b{{block}}/{name}", cfg=SERVER_CONFIGS, block=range(LOOKS[int(wc.look)].blocks)
+    )
 
 
 def get_gpus(wildcards):

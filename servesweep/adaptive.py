@@ -1,29 +1,30 @@
-"""Add blocks until the first screen is decided: ``python -m servesweep.adaptive [options] [-- snakemake args]``.
+"""Adding blocks until the first screen is decided (``design.blocks: auto``; rules/design.smk).
 
-Runs ``snakemake … report`` at a series of looks (blocks in all: 4, 8, 12, 16 by default). Each look measures only
-the new blocks (raising ``design.blocks`` adds blocks; nothing measured is redone) and re-decides the whole sweep at
-that look's share of the error rate: the increments of a Lan–DeMets O'Brien–Fleming-type spending function over the
-planned looks (``decide.look_levels``), which add up to ``decision.alpha``, so stopping at any look keeps the sweep's
-error rate at most alpha. It stops when every first-screen comparison (per prompt set: per-user speed at the lowest
-C, throughput at the highest) is decided — faster, slower or equivalent — at the last planned look, or when the
-next look would not fit the time budget (estimated from the time per block so far).
-
-The report of the look it stopped at states the level it used (its Resolution line).
+The sweep is planned to its last look (``design.looks``: blocks in all at each look, 4, 8, 12, 16 by default) and
+measured one look at a time: at each look the pipeline's checkpoint (``decide_look``) gathers every config's
+launches so far, builds the tables and decides the whole sweep at that look's share of the error rate — the
+increments of a Lan–DeMets O'Brien–Fleming-type spending function over the planned looks (``decide.look_levels``),
+which add up to ``decision.alpha``, so stopping at any look keeps the sweep's error rate at most alpha. The sweep
+stops at the first look where every first-screen comparison (per prompt set: per-user speed at the lowest C,
+throughput at the highest) is decided — faster, slower or equivalent — or where the next look would take the
+launches past ``design.budget_min`` at the time per block measured so far; else the next look's blocks are
+scheduled. The report is built from the blocks of the look it stopped at, at that look's level, and its Resolution
+line says which look that was and why it stopped (noise.json ``adaptive``).
 """
 from __future__ import annotations
 
-import argparse
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
+import json
+import math
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from servesweep import decide
 
-SPEEDUP = Path("results/tables/speedup.csv")
+LOOK_FILE = "look.json"
+DEFAULT_LOOK_COUNT = 4
+MIN_FIRST_LOOK = 4  # blocks: below this a paired interval has at most 2 degrees of freedom
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,31 @@ def plan(looks: list[int], alpha: float) -> list[Look]:
     """The looks with the level each may use."""
     looks = sorted(set(looks))
     return [Look(n, level) for n, level in zip(looks, decide.look_levels(looks, alpha))]
+
+
+def default_looks(n_configs: int) -> list[int]:
+    """Four looks, each a whole number of the balanced orders' cycles (K blocks, 2K for an odd K:
+    ``decide.block_order``) and the first at least 4 blocks, so every look ends on balanced orders."""
+    cycle = n_configs if n_configs % 2 == 0 else 2 * n_configs
+    step = cycle * math.ceil(MIN_FIRST_LOOK / cycle)
+    return [step * (i + 1) for i in range(DEFAULT_LOOK_COUNT)]
+
+
+def is_auto(config: dict) -> bool:
+    """Whether a checked config adds blocks at looks (``design.blocks: auto``)."""
+    return config["design"]["blocks"] == "auto"
+
+
+def sweep_looks(config: dict) -> list[Look]:
+    """A checked config's planned looks (``design.looks``, else :func:`default_looks`) at ``decision.alpha``."""
+    design = config["design"]
+    looks = design.get("looks") or default_looks(len(config["server_configs"]))
+    return plan([int(n) for n in looks], float(config["decision"]["alpha"]))
+
+
+def planned_blocks(config: dict) -> int:
+    """The most blocks a checked config's sweep may measure: ``design.blocks``, or its last look's."""
+    return sweep_looks(config)[-1].blocks if is_auto(config) else int(config["design"]["blocks"])
 
 
 def first_screen_rows(speedup: pd.DataFrame) -> list[tuple[str, str]]:
@@ -58,45 +84,66 @@ def undecided(speedup: pd.DataFrame) -> list[str]:
             if verdict in (decide.INCONCLUSIVE, decide.NOT_MEASURABLE)]
 
 
-def run_look(look: Look, extra: list[str], runner: list[str]) -> float:
-    """One look: snakemake with ``design.blocks`` and ``decision.alpha`` set; returns its wall time in seconds."""
-    args = [*runner, "--cores", "1", "report", "--config", f"design={{blocks: {look.blocks}}}",
-            f"decision={{alpha: {look.level!r}}}", *extra]
-    print("+", " ".join(args), flush=True)
-    t0 = time.monotonic()
-    subprocess.run(args, check=True)
-    return time.monotonic() - t0
+def launch_seconds(metas: list[dict]) -> float:
+    """Wall time of the launches ``metas`` (bench jobs' meta.json: start to stop of each server)."""
+    return float(sum(m["stop_time"] - m["start_time"] for m in metas
+                     if m.get("start_time") is not None and m.get("stop_time") is not None))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--looks", default="4,8,12,16", help="blocks in all at each look (default 4,8,12,16)")
-    ap.add_argument("--alpha", type=float, default=0.05, help="the sweep's error rate over all looks (default 0.05)")
-    ap.add_argument("--budget-min", type=float, default=60.0, help="stop before a look that would pass this many "
-                    "minutes of measuring in all (default 60)")
-    ap.add_argument("workflow_args", nargs="*", help="passed on to snakemake (after --), e.g. --configfile=X")
-    args = ap.parse_args(argv)
-    looks = plan([int(x) for x in args.looks.split(",")], args.alpha)
-    spent, done_blocks = 0.0, 0
-    runner = [sys.executable, "-m", "snakemake"]
-    for i, look in enumerate(looks):
-        if done_blocks:
-            per_block = spent / done_blocks
-            if spent + per_block * (look.blocks - done_blocks) > 60 * args.budget_min:
-                print(f"stopping before {look.blocks} blocks: about {per_block:.0f} s per block would pass the "
-                      f"{args.budget_min:g}-minute budget")
-                break
-        spent += run_look(look, args.workflow_args, runner)
-        done_blocks = look.blocks
-        left = undecided(pd.read_csv(SPEEDUP))
-        print(f"look {i + 1} of {len(looks)}: {look.blocks} blocks, level {look.level:.4g}, {spent:.0f} s so far; "
-              f"first-screen comparisons undecided: {len(left)}", flush=True)
-        for what in left:
-            print(f"  inconclusive: {what}")
-        if not left:
-            break
-    return 0
+@dataclass(frozen=True)
+class LookDecision:
+    """What one look decided: its place in the plan, what is still undecided and whether to go on."""
+
+    look: int  # 0-based
+    looks: int
+    blocks: int
+    level: float
+    alpha: float
+    undecided: list[str]
+    launch_s: float
+    go_on: bool
+    reason: str  # decided | last look | budget | next look
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def next_step(look: int, looks: list[Look], left: list[str], launch_s: float, budget_min: float) -> tuple[bool, str]:
+    """Whether the sweep measures the next look: not when nothing on the first screen is left undecided, this is the
+    last look, or the next look's blocks at this look's time per block would pass ``budget_min`` in all."""
+    if not left:
+        return False, "decided"
+    if look + 1 >= len(looks):
+        return False, "last look"
+    per_block = launch_s / looks[look].blocks
+    if launch_s + per_block * (looks[look + 1].blocks - looks[look].blocks) > 60 * budget_min:
+        return False, "budget"
+    return True, "next look"
+
+
+def decide_look(look: int, looks: list[Look], speedup: pd.DataFrame, metas: list[dict], alpha: float,
+                budget_min: float) -> LookDecision:
+    """Look ``look``'s decision from the tables built over its blocks (``speedup``, at the look's level) and its
+    launches' meta.json (``metas``: every config's, blocks so far)."""
+    left = undecided(speedup)
+    spent = launch_seconds(metas)
+    go_on, reason = next_step(look, looks, left, spent, budget_min)
+    return LookDecision(look, len(looks), looks[look].blocks, looks[look].level, alpha, left, spent, go_on, reason)
+
+
+def read_look(folder: str | Path) -> dict:
+    """A look's decision as its checkpoint wrote it (``servesweep.blocks.run_look``)."""
+    return json.loads((Path(folder) / LOOK_FILE).read_text())
+
+
+def rule_at_stop(rule: decide.Rule, look: dict | None) -> decide.Rule:
+    """The sweep's rule at the level of the look it stopped at (unchanged without looks)."""
+    return replace(rule, alpha=float(look["level"])) if look else rule
+
+
+def record_stop(noise_path: Path, look: dict | None) -> None:
+    """Add the look the sweep stopped at to its design (noise.json ``adaptive``), for the Resolution line."""
+    if look:
+        design = json.loads(Path(noise_path).read_text())
+        design["adaptive"] = look
+        Path(noise_path).write_text(json.dumps(design, indent=2) + "\n")

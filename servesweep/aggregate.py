@@ -21,12 +21,9 @@ CELL_KEYS = ["workload", "ctx", "load", "concurrency", "request_rate"]
 # its config was measured beside a busy neighbour, the other perhaps not.
 HOST_BUSY = "not compared: host busy"
 
+CELL_NAMES = {"config": "config", "workload": "workload", "ctx": "ctx", "concurrency": "C", "request_rate": "rate req/s"}
 THROUGHPUT_COLUMNS = {
-    "config": "config",
-    "workload": "workload",
-    "ctx": "ctx",
-    "concurrency": "C",
-    "request_rate": "rate req/s",
+    **CELL_NAMES,
     "repeats": "repeats",
     "agg_output_tok_s": "agg tok/s",
     "gpus": "GPUs",
@@ -42,11 +39,7 @@ THROUGHPUT_COLUMNS = {
     "client_bound": "client-bound",
 }
 ENERGY_COLUMNS = {
-    "config": "config",
-    "workload": "workload",
-    "ctx": "ctx",
-    "concurrency": "C",
-    "request_rate": "rate req/s",
+    **CELL_NAMES,
     "agg_output_tok_s": "agg tok/s",
     "gpu_energy_j": "GPU J",
     "gpu_j_per_output_token": "J/token",
@@ -345,7 +338,8 @@ def _design_summary(rows: list[dict], rule: decide.Rule, metas: list[dict], repe
     rounds = sorted({int(r) for r in firsts.groupby([c for c in ("config", *CELL_KEYS, "block") if c in firsts],
                                                     dropna=False).size()}) if not firsts.empty else []
     decided = [r for r in rows if r["family"] == "sweep" and r["verdict"] not in (decide.NOT_MEASURABLE,
-                                                                                    decide.UNDECIDED, decide.LOAD_SET)]
+                                                                                    decide.UNDECIDED, decide.LOAD_SET,
+                                                                                    decide.LOCKSTEP)]
     undecided = [r for r in rows if r["family"] == "sweep" and r["verdict"] == decide.UNDECIDED]
     resolution = []
     for (load, level), g in pd.DataFrame(decided or [{"load": None, "level": None}]).groupby(["load", "level"]):
@@ -369,17 +363,18 @@ def comparison_rows(repeats: pd.DataFrame, pairs: list[tuple[str, str, tuple]], 
                     families: dict[tuple, str] | None = None) -> list[dict]:
     """Every (config, reference, cell) pair in ``pairs`` on both METRICS, decided family by family (``families``:
     pair → family name; "sweep" by default); throughput at an open-loop cell, the load's, apart ("load set")."""
-    repeats = _keyed(repeats)
+    repeats, locked = _keyed(repeats), compare.lockstep_cells(repeats)
     rows = []
     for cfg, ref, key in pairs:
+        apart = "load set" if key[2] == "rate" else "lockstep" if compare.locked(locked, (cfg, ref), key) else None
         for column, metric in METRICS.items():
             if column not in repeats:
                 continue
             est = compare.estimate(compare.cell_rows(repeats, ref, key), compare.cell_rows(repeats, cfg, key), column)
             rows.append({"config": cfg, "reference": ref, **dict(zip(CELL_KEYS, key)), "metric": metric,
                          "level": key[3] if key[2] == "concurrency" else key[4], "estimate": est,
-                         "family": "load set" if metric == "speedup" and key[2] == "rate"
-                         else (families or {}).get((cfg, ref, key), "sweep")})
+                         "family": apart if metric == "speedup" and apart else (families or {}).get((cfg, ref, key),
+                                                                                                  "sweep")})
     for family in sorted({r["family"] for r in rows}):
         members = [r for r in rows if r["family"] == family]
         for r, d in zip(members, decide.decide([r["estimate"] for r in members], rule)):
@@ -416,7 +411,7 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
                 families[(cfg, baseline, key)] = "left out"  # not in the sweep's family: it uses none of its slots
             elif copies.get(cfg) == baseline:
                 families[(cfg, baseline, key)] = "replicate check"
-    rows = comparison_rows(repeats, pairs, rule, families)
+    rows, locked = comparison_rows(repeats, pairs, rule, families), compare.lockstep_cells(repeats)
     by = {(r["config"], _hashable(tuple(r[k] for k in CELL_KEYS)), r["metric"]): r for r in rows}
     out = []
     for cfg, _, key in pairs:
@@ -435,6 +430,8 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
             verdict = HOST_BUSY
         elif dict(zip(CELL_KEYS, key))["load"] == "rate" and verdict not in (decide.NOT_MEASURABLE, decide.UNDECIDED):
             verdict = decide.LOAD_SET  # the arrival schedule sets an open-loop cell's tokens and window, not the server
+        elif compare.locked(locked, (cfg, baseline), key) and verdict not in (decide.NOT_MEASURABLE, decide.UNDECIDED):
+            verdict = decide.LOCKSTEP  # the window holds whole waves of users: its tokens move by a wave
         out.append({
             "config": cfg, **dict(zip(CELL_KEYS, key)),
             "agg_output_tok_s": mine["agg_output_tok_s"].iloc[0],
@@ -481,6 +478,7 @@ def design_table(speedup: pd.DataFrame, metas: list[dict], repeats: pd.DataFrame
     out["untrusted"] = trust.untrusted_configs(cells) if cells is not None else {}
     out["stream_faults"] = trust.stream_faults(cells) if cells is not None else {}
     out["split_blocks"] = compare.split_blocks(repeats)
+    out["lockstep"] = compare.lockstep_cells(repeats)
     checks = speedup[speedup["family"] == "replicate check"]
     out["replicates"] = replicates(metas)
     out["replicate_check"] = [

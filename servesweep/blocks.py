@@ -12,6 +12,7 @@ launch finished), ``partial`` (some did) or ``failed`` (none did: the config has
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -22,7 +23,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from servesweep import adaptive, decide
 from servesweep import stats as stats_mod
+from servesweep.aggregate import build_tables_in
 from servesweep.cells import _row_cell_id, write_csv
 
 
@@ -135,12 +138,36 @@ def failed_blocks(metas: list[dict]) -> list[dict]:
 
 def collect(launches: list[LaunchFiles], out: LaunchFiles) -> dict:
     """Write a config's run folder ``out`` from its launches (block 0 first). Returns the run folder's meta."""
+    launches, metas = _in_block_order(launches)
+    repeats = _write_tables(launches, out)
+    _write_records(launches, metas, out)
+    return _write_meta(launches, metas, repeats, out)
+
+
+def collect_tables(launch_dirs: list[Path], out_dir: Path) -> dict:
+    """What the tables read of a config's run folder (``repeats.csv``, ``cells.csv``, ``meta.json`` and the
+    server's /metrics snapshots), written to ``out_dir`` from the launch folders ``launch_dirs``, without the
+    requests, logs and telemetry: a look of an adaptive sweep (servesweep.adaptive). Returns the folder's meta."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    launches, metas = _in_block_order([LaunchFiles.in_dir(d) for d in launch_dirs])
+    out = LaunchFiles.in_dir(out_dir)
+    return _write_meta(launches, metas, _write_tables(launches, out), out)
+
+
+def _in_block_order(launches: list[LaunchFiles]) -> tuple[list[LaunchFiles], list[dict]]:
     metas = [json.loads(f.meta.read_text()) for f in launches]
     order = sorted(range(len(launches)), key=lambda i: metas[i].get("block", i))
-    launches, metas = [launches[i] for i in order], [metas[i] for i in order]
+    return [launches[i] for i in order], [metas[i] for i in order]
+
+
+def _write_tables(launches: list[LaunchFiles], out: LaunchFiles) -> list[dict]:
     repeats = [r for f in launches for r in _numeric(_rows(f.repeats))]
     write_csv(out.repeats, repeats)
     write_csv(out.cells, cells_over_blocks(repeats))
+    return repeats
+
+
+def _write_records(launches: list[LaunchFiles], metas: list[dict], out: LaunchFiles) -> None:
     with open(out.requests, "w") as dst:
         for f in launches:
             with open(f.requests) as src:
@@ -171,6 +198,9 @@ def collect(launches: list[LaunchFiles], out: LaunchFiles) -> dict:
             shutil.copytree(f.meta.parent / "profiles", dest)
     shutil.copyfile(launches[0].coding_eval, out.coding_eval)
     shutil.copyfile(launches[0].greedy, out.greedy)
+
+
+def _write_meta(launches: list[LaunchFiles], metas: list[dict], repeats: list[dict], out: LaunchFiles) -> dict:
     failed = failed_blocks(metas)
     finished = [i for i, m in enumerate(metas) if m.get("status") != "failed"]
     # the config's facts (command line, versions, readiness, /metrics text) from a launch that got that far
@@ -188,3 +218,20 @@ def collect(launches: list[LaunchFiles], out: LaunchFiles) -> dict:
     meta["warnings"] = list(dict.fromkeys(w for m in metas for w in m.get("warnings") or []))
     out.meta.write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return meta
+
+
+def run_look(look: int, looks: list[adaptive.Look], launch_dirs: dict[str, list[Path]], baseline: str, out_dir: Path,
+             rule: decide.Rule, cost: dict | None, budget_min: float) -> adaptive.LookDecision:
+    """Look ``look`` of an adaptive sweep (servesweep.adaptive): every config's launches so far (``launch_dirs``:
+    config -> its block folders) gathered under ``out_dir/runs/``, the tables built under ``out_dir/tables/`` at the
+    look's level, the decision written to ``out_dir/look.json`` and returned."""
+    runs, metas = [], []
+    for cfg, dirs in sorted(launch_dirs.items()):
+        runs.append(out_dir / "runs" / cfg)
+        collect_tables([Path(d) for d in dirs], runs[-1])
+        metas += [json.loads((Path(d) / "meta.json").read_text()) for d in dirs]
+    at_level = dataclasses.replace(rule, alpha=looks[look].level)
+    tables = build_tables_in(runs, baseline, out_dir / "tables", cost, at_level)
+    result = adaptive.decide_look(look, looks, pd.read_csv(tables.speedup), metas, rule.alpha, budget_min)
+    (out_dir / adaptive.LOOK_FILE).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    return result

@@ -125,3 +125,41 @@ def order_summary(repeats: pd.DataFrame, metas: list[dict]) -> dict:
     balance = decide.order_balance(orders)
     return {"orders": orders, "orders_balanced": balance["balanced"], "positions_balanced": balance["positions_balanced"],
             "order_seeds": sorted({m["order_seed"] for m in metas if m.get("order_seed") is not None})}
+
+
+# A session cell's users move in lockstep when its window's sends come in bursts of at least C / LOCKSTEP_SHARE on
+# average (stats.send_bursts) in every launch of a config; that matters while a window holds fewer than
+# LOCKSTEP_FEW_WAVES waves (a step of one wave is then more than 5 %, the default equivalence margin).
+LOCKSTEP_SHARE = 4
+LOCKSTEP_FEW_WAVES = 20
+
+
+def lockstep_cells(repeats: pd.DataFrame, sessions: set[str] | None = None) -> list[dict]:
+    """The session cells (workloads in ``sessions``) whose users moved in lockstep, per config: every measured round
+    sent its turns in waves (bursts of at least C / LOCKSTEP_SHARE sends on average), so the window held a few whole
+    waves and the users' think time between them. The window opens as a wave ends, so its tokens are those of the
+    waves that fit: its throughput moves by whole waves (h200-sglang-radix at C = 64: 8 of 9 launches at 32,768 or
+    32,817 tokens, four waves of 64 × 128, the first launch three), not with the server's speed. Each entry: config,
+    the cell's keys, the fewest and most waves a window held and the median time from wave to wave."""
+    from servesweep.workloads import get_workload, workload_names
+
+    sessions = {w for w in workload_names() if get_workload(w).sessions} if sessions is None else sessions
+    need = {"send_bursts", "requests", "concurrency", "workload", "window_s"}
+    if repeats is None or repeats.empty or not need <= set(repeats):
+        return []
+    rows = repeats[repeats["workload"].isin(sessions) & (repeats["load"] == "concurrency")
+                   & (repeats["concurrency"] >= LOCKSTEP_SHARE) & (repeats["send_bursts"] > 0)]
+    out = []
+    for (cfg, *key), g in rows.groupby(["config", *CELL_KEYS], dropna=False):
+        per_wave, waves = g["requests"] / g["send_bursts"], g["requests"] / g["concurrency"]
+        if len(g) and (per_wave >= g["concurrency"] / LOCKSTEP_SHARE).all() and waves.min() < LOCKSTEP_FEW_WAVES:
+            out.append({"config": cfg, **dict(zip(CELL_KEYS, key)), "waves_min": float(waves.min()),
+                        "waves_max": float(waves.max()), "wave_period_s": float((g["window_s"] / waves).median())})
+    return out
+
+
+def locked(cells: list[dict], configs: Sequence[str], key: Sequence) -> bool:
+    """Whether any of ``configs`` moved in lockstep at the cell ``key`` (entries of :func:`lockstep_cells`)."""
+    cell = dict(zip(CELL_KEYS, key))
+    return any(c["config"] in configs and all(c[k] == cell[k] for k in ("workload", "ctx", "load", "concurrency"))
+               for c in cells)

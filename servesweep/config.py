@@ -70,6 +70,9 @@ def schema_problems(config: dict) -> list[tuple[str, str, str]]:
     validator = jsonschema.Draft202012Validator(schema())
     problems = []
     for err in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+        # a value that has the type of one branch of a oneOf (design.blocks: an integer, or auto) breaks that branch
+        specific = [e for e in err.context or [] if e.validator not in ("type", "const")]
+        err = specific[0] if err.validator == "oneOf" and specific else err
         key = _dotted(err.absolute_path)
         if err.validator == "required":
             missing = err.message.split("'")[1] if "'" in err.message else err.message
@@ -115,6 +118,20 @@ def _profile_problems(section: dict, configs: dict, matrix: dict) -> list[tuple[
     return problems
 
 
+def _design_problems(design: dict) -> list[tuple[str, str, str]]:
+    """``design.looks`` only under ``blocks: auto``, and ascending."""
+    looks = design.get("looks")
+    if looks is None:
+        return []
+    if design.get("blocks") != "auto":
+        return [("design.looks", f"is set but design.blocks is {design.get('blocks')}: looks apply only to "
+                 "blocks added until the first screen is decided", "set design.blocks: auto, or remove design.looks")]
+    if list(looks) != sorted(set(looks)):
+        return [("design.looks", f"{list(looks)} is not strictly ascending (the blocks in all at each look)",
+                 f"write them in ascending order without repeats, e.g. {sorted(set(looks))}")]
+    return []
+
+
 def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
     """Checks a schema cannot express: references, ranges, wildcard-safe names, engine option validity."""
     problems: list[tuple[str, str, str]] = []
@@ -149,6 +166,7 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
         problems.append(("baseline", f"'{baseline}' is not a server config",
                          f"name one of: {', '.join(sorted(configs)) or '(none defined)'}"))
     problems += _profile_problems(config.get("profile") or {}, configs, config.get("matrix") or {})
+    problems += _design_problems(config.get("design") or {})
     for name in config.get("slurm", {}).get("per_config", {}):
         if name not in configs:
             problems.append((f"slurm.per_config.{name}", "is not a server config",

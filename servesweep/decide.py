@@ -337,6 +337,9 @@ DIFFERENT_WITHIN = "different but within"
 # once made an identical copy "slower" (docs/performance.md); an identical copy was also called 1.08× "faster" at
 # 1 req/s on a 2-core host. Per-request speed and latency stay decided there.
 LOAD_SET = "not decided: the offered load sets throughput here"
+# Throughput at a session cell whose users moved in lockstep (servesweep.compare.lockstep_cells): the window holds a few
+# whole waves, so its tokens move by a wave, not with the server's speed. Per-request speed and latency stay decided.
+LOCKSTEP = "not decided: the users moved in lockstep, so the window's throughput moves by whole waves"
 
 
 def verdict_text(faster_or_slower: str | None, equivalent: bool, margin: float) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from servesweep import acceptance
+from servesweep.adaptive import is_auto, planned_blocks, sweep_looks
 from servesweep.acceptance import Simulation
 from servesweep.capacity import CapacitySettings
 from servesweep.metrics_series import SeriesSettings
@@ -360,7 +361,7 @@ def sweep_orders(config: dict) -> list[list[str]]:
     by and the bench job records."""
     from servesweep.decide import block_order
 
-    return block_order(sorted(config["server_configs"]), config["design"]["blocks"], resolve_order_seed(config))
+    return block_order(sorted(config["server_configs"]), planned_blocks(config), resolve_order_seed(config))
 
 
 def sweep_plan_line(config: dict) -> str:
@@ -371,7 +372,7 @@ def sweep_plan_line(config: dict) -> str:
     from servesweep.progress import duration
 
     names = sorted(config["server_configs"])
-    blocks = int(config["design"]["blocks"])
+    blocks = planned_blocks(config)
     floor, cells, longest_wait = 0.0, [], 0.0
     for name in names:
         job = BenchJob.from_config(name, config)
@@ -381,16 +382,22 @@ def sweep_plan_line(config: dict) -> str:
         longest_wait = max(longest_wait, job.server.ready_timeout_s)
     launches = len(names) * blocks
     span = f"{min(cells)}" if min(cells) == max(cells) else f"{min(cells)}–{max(cells)}"
-    return (f"plan: {launches} launches ({len(names)} configs × {blocks} blocks), {span} cells each; measurement at "
+    line = (f"plan: {launches} launches ({len(names)} configs × {blocks} blocks), {span} cells each; measurement at "
             f"least {duration(floor)} (every cell's warm-up and window at their minimums), plus {launches} server "
             f"start-ups (each up to {duration(longest_wait)}, ready_timeout_s)")
+    if not is_auto(config):
+        return line
+    looks = ", ".join(str(look.blocks) for look in sweep_looks(config))
+    return (f"{line.replace('plan: ', 'plan: at most ', 1)}; blocks added at looks of {looks} blocks until the first "
+            f"screen is decided, no look started past {config['design']['budget_min']:g} min of launches "
+            "(design.blocks: auto)")
 
 
 def sweep_launches(config: dict) -> list[str]:
     """Every launch of a checked config's sweep, ``<cfg>.b<block>``, blocks in turn: for the line each bench job
     prints as it starts. Read from the config by the bench job itself, not passed as a rule param: a param that
     lists every config would re-run every config's launches when one config is added."""
-    return [f"{c}.b{b}" for b in range(config["design"]["blocks"]) for c in sorted(config["server_configs"])]
+    return [f"{c}.b{b}" for b in range(planned_blocks(config)) for c in sorted(config["server_configs"])]
 
 
 def bench_params(config: dict, cfg: str) -> dict:

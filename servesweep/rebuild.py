@@ -78,6 +78,49 @@ def metas_with_log_facts(runs: list[Path], scratch: Path) -> list[Path]:
     return paths
 
 
+def _requests(run: Path) -> list[dict]:
+    path = run / "requests.jsonl"
+    opener = (lambda: open(path)) if path.is_file() else (lambda: gzip.open(run / "requests.jsonl.gz", "rt"))
+    with opener() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def runs_with_send_bursts(runs: list[Path], scratch: Path) -> list[Path]:
+    """The run folders the tables are built from: ``runs``, or where a run recorded before ``send_bursts`` (how many
+    bursts its window's sends fell into, ``stats.send_bursts``) holds its requests, copies under ``scratch`` whose
+    repeats.csv has that column counted from the requests of each round's window (same block, cell and window);
+    every recorded value is kept."""
+    import pandas as pd
+
+    from servesweep.stats import send_bursts
+
+    todo = [r for r in runs if (r / "repeats.csv").is_file() and "send_bursts" not in
+            pd.read_csv(r / "repeats.csv", nrows=0).columns
+            and ((r / "requests.jsonl").is_file() or (r / "requests.jsonl.gz").is_file())]
+    if not todo:
+        return runs
+    out = []
+    for run in runs:
+        copy = scratch / "runs" / run.name
+        copy.mkdir(parents=True, exist_ok=True)
+        for name in ("cells.csv", "repeats.csv", "meta.json"):
+            if (run / name).is_file():
+                (copy / name).write_bytes((run / name).read_bytes())
+        if run in todo:
+            repeats, requests = pd.read_csv(run / "repeats.csv"), pd.DataFrame(_requests(run))
+            counts = []
+            for row in repeats.itertuples():
+                mask = (requests["send"] >= row.window_start) & (requests["send"] < row.window_end)
+                for key in ("block", "workload", "ctx", "concurrency"):
+                    if key in requests and key in repeats and pd.notna(getattr(row, key)):
+                        mask &= requests[key] == getattr(row, key)
+                counts.append(send_bursts(requests.loc[mask, "send"]))
+            bursts = pd.DataFrame({"send_bursts": counts}, index=repeats.index)
+            pd.concat([repeats, bursts], axis=1).to_csv(copy / "repeats.csv", index=False)
+        out.append(copy)
+    return out
+
+
 def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Path, charts: bool = False) -> str:
     """Tables, correctness tables, (with ``charts``) the charts, and FINDINGS.md under ``out`` from ``run_dirs``
     (each a ``results/runs/<cfg>`` folder) of a sweep whose config (schema defaults applied) is ``config``; the host
@@ -86,7 +129,9 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = [Path(r) for r in run_dirs]
-    tables = build_tables_in(runs, baseline, out, config["cost"], Rule.from_config(config.get("decision")))
+    with tempfile.TemporaryDirectory() as scratch:
+        tables = build_tables_in(runs_with_send_bursts(runs, Path(scratch)), baseline, out, config["cost"],
+                                 Rule.from_config(config.get("decision")))
     write_correctness_tables([r / "coding_eval.json" for r in runs], [r / "greedy.jsonl" for r in runs],
                              [r / "meta.json" for r in runs], baseline, out / "correctness.csv",
                              out / "correctness.md")

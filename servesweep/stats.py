@@ -259,10 +259,27 @@ def window_stats(records: list[dict], t_start: float, t_end: float) -> dict:
                                                                      for r in inside if r.get("error")).items())),
         "warmup_requests": sum(1 for r in records if r["send"] < t_start),
         "drain_requests": sum(1 for r in records if r["send"] >= t_end),
+        "send_bursts": send_bursts([r["send"] for r in inside]),
     }
     stats.update(token_check_columns(inside))
     stats.update(_latency_columns(ok))
     return stats
+
+
+# Sends closer together than this share of their mean gap are one burst. Users sending independently make bursts of
+# about one send (a Poisson stream has 1 - exp(-0.1), 10 %, of its gaps below a tenth of the mean); users moving in
+# lockstep make one burst per wave: h200-sglang-radix's 64 session users sent their turns in waves of 64 within one
+# 0.25 s bin, 5-17 bursts for 256-320 sends (docs/measurement.md, "Users in lockstep").
+BURST_GAP_SHARE = 0.1
+
+
+def send_bursts(sends: Sequence[float]) -> int:
+    """How many bursts the send times ``sends`` fall into (:data:`BURST_GAP_SHARE`)."""
+    s = np.sort(np.asarray(sends, dtype=float))
+    if len(s) < 2:
+        return len(s)
+    limit = BURST_GAP_SHARE * (s[-1] - s[0]) / (len(s) - 1)
+    return 1 + int(np.sum(np.diff(s) >= limit))
 
 
 def token_check_columns(records: list[dict]) -> dict:

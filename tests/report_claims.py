@@ -14,7 +14,9 @@ import pandas as pd
 PROMPTS = r"(?:synthetic \d+-token|[\w-]+) prompts"
 ITEM = re.compile(r"`(?P<cfg>[^`]+)` (?P<ratio>[\d.]+)× (?:\[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]|\(no interval\)),? "
                   r"(?P<verdict>different but within ±\d+% \((?:faster|slower)\)|faster|slower|equivalent within ±\d+%|"
-                  r"inconclusive|not measurable|no verdict: one launch per config|not compared: host busy|failed measurement: speculation never ran)")
+                  r"inconclusive|not measurable|no verdict: one launch per config|not compared: host busy|failed measurement: speculation never ran|"
+                  r"not decided: the offered load sets throughput here|"
+                  r"not decided: the users moved in lockstep, so the window's throughput moves by whole waves)")
 
 
 def _prompts(label: str) -> tuple[str, int | None]:

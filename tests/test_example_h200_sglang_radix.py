@@ -151,7 +151,12 @@ def test_verdicts_the_replicate_and_the_split_blocks(report):
     assert noise["replicate_differs"] == [] and len(noise["replicate_check"]) == 2
     assert [s["block"] for s in noise["split_blocks"]] == [0, 1, 2]
     speedup = pd.read_csv(EXAMPLE / "report" / "speedup.csv").set_index(["config", "concurrency"])
-    assert (speedup["verdict"] == "inconclusive").all()
+    # throughput at C = 64: whole waves of lockstep users in every window (docs/measurement.md, "Users in lockstep")
+    assert (speedup.xs(1, level="concurrency")["verdict"] == "inconclusive").all()
+    assert (speedup.xs(64, level="concurrency")["verdict"] == decide.LOCKSTEP).all()
+    assert {c["config"] for c in noise["lockstep"]} == {"ar", "ar-copy", "ar-noradix"}
+    assert min(c["waves_min"] for c in noise["lockstep"]) == 4 and max(c["waves_max"] for c in noise["lockstep"]) == 5
+    assert "every window held 4–5 whole waves of turns, so its throughput moves in steps of a wave (20–25 %)" in text
     assert set(speedup.loc["ar-copy", "design"]) == {decide.UNPAIRED}
     assert set(speedup.loc["ar-noradix", "design"]) == {decide.PAIRED}
     assert "Replicate check: `ar-copy`, launched exactly like the baseline, was called different in none of its " \
@@ -159,8 +164,8 @@ def test_verdicts_the_replicate_and_the_split_blocks(report):
     assert text.count("measured in 2 runs") == 1
     assert "Blocks 0, 1 and 2 were each measured in 2 runs (`ar`, `ar-noradix` in run `20261202T151923-1067`; " \
            "`ar-copy` in run `20261202T153401-5607`)" in text
-    assert "±258.9 % per user at C=1; ±193.1 % throughput at C=64" in text
-    assert "`ar-noradix` 1.10× [0.73, 1.65], inconclusive" in text
+    assert "smallest difference seen: ±202.4 % per user at C=1." in text
+    assert "`ar-noradix` 1.10× [0.73, 1.65], not decided: the users moved in lockstep" in text
     # the committed regenerated report is what the current code writes
     assert text == (EXAMPLE / "report" / "FINDINGS.md").read_text()
 

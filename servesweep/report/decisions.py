@@ -115,7 +115,10 @@ def mde_parts(sweep: pd.DataFrame, worst: bool = True) -> tuple[list[str], bool]
         return parts, unusable
     for level, metric, label in ((sweep["concurrency"].min(), "per_request_mde", "per user"),
                                  (sweep["concurrency"].max(), "mde", "throughput")):
-        mdes = sweep[sweep["concurrency"] == level][metric].dropna()
+        at = sweep[sweep["concurrency"] == level]
+        if metric == "mde" and "verdict" in at:  # throughput whose window held whole waves of users is not decided
+            at = at[at["verdict"] != decide.LOCKSTEP]
+        mdes = at[metric].dropna()
         if len(mdes):
             most = (f" (up to {decide.mde_text(mdes.max())})" if worst and mdes.max() > mdes.median() + 1e-9
                     and mdes.median() <= decide.MDE_SHOWN_MAX else "")
@@ -131,9 +134,21 @@ def resolution_line(speedup: pd.DataFrame, design: dict) -> list[str]:
     rule = design.get("rule") or {}
     launches = f"{blocks} block{'s' if blocks != 1 else ''}" if blocks else "one launch per config"
     text = (f"**Resolution**: {launches}, {design.get('comparisons', 0)} comparisons at a false-discovery rate of "
-            f"{100 * rule.get('alpha', 0.05):.0f} %")
+            f"{100 * rule.get('alpha', 0.05):.2g} %")
     text += ("; smallest difference seen: " + ", ".join(parts) + "." if parts else "; no comparison had an interval.")
+    if design.get("adaptive"):
+        text += f" {adaptive_stop(design['adaptive'])}."
     return [text, ""]
+
+
+def adaptive_stop(look: dict) -> str:
+    """What an adaptive sweep's stop was (``design.blocks: auto``; noise.json ``adaptive``)."""
+    why = {"decided": "every first-screen comparison was decided",
+           "last look": "it was the last look planned",
+           "budget": "the next look would have passed `design.budget_min`"}.get(look["reason"], look["reason"])
+    return (f"Blocks were added at looks (`design.blocks: auto`): the sweep stopped at look {look['look'] + 1} of "
+            f"{look['looks']} ({look['blocks']} blocks) because {why}, and is decided at that look's share of the "
+            f"error rate, {100 * look['level']:.2g} % of the sweep's {100 * look['alpha']:.2g} %")
 
 
 def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
@@ -192,6 +207,7 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
     for cfg, what in sorted((design.get("stream_faults") or {}).items()):
         if cfg not in (design.get("untrusted") or {}):
             out.append(f"**`{cfg}` misbehaved**: {what}.")
+    out += lockstep_flags(design.get("lockstep") or [])
     checks = design.get("replicate_check") or []
     if checks:
         differs = design.get("replicate_differs") or []
@@ -242,6 +258,23 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
         out.append(f"{len(weak)} of {len(sweep)} comparisons are not paired in time ({', '.join(kinds)}): "
                    + why + " (docs/measurement.md, \"Blocks\").")
     return [f"**Flags** — {' '.join(out)}", ""] if out else []
+
+
+def lockstep_flags(cells: list[dict]) -> list[str]:
+    """A sentence per session cell whose users moved in lockstep (noise.json ``lockstep``)."""
+    out = []
+    for (workload, ctx, c), group in pd.DataFrame(cells).groupby(["workload", "ctx", "concurrency"]) if cells else []:
+        few, most, period = group["waves_min"].min(), group["waves_max"].max(), group["wave_period_s"].median()
+        waves, step = ((f"{few:.0f}", f"{100 / few:.0f} %") if round(few) == round(most) else
+                       (f"{few:.0f}–{most:.0f}", f"{100 / most:.0f}–{100 / few:.0f} %"))
+        out.append(f"**Users moved in lockstep** at {workload} C={c:g} "
+                   f"({', '.join(f'`{x}`' for x in sorted(group['config']))}): every window held {waves} whole waves "
+                   f"of turns, so its throughput moves in steps of a wave ({step}) "
+                   "whatever the server does, and is not decided there (per-user speed and latency are). A window "
+                   f"of {compare.LOCKSTEP_FEW_WAVES} waves, `matrix.measure.seconds` ≥ "
+                   f"{compare.LOCKSTEP_FEW_WAVES * period:.0f} at {period:.2f} s a wave, makes a step under 5 % "
+                   "(docs/measurement.md, \"Users in lockstep\").")
+    return out
 
 
 def _clip(line: str, most: int = 240) -> str:

@@ -69,7 +69,7 @@ def block0_lines(repeats: pd.DataFrame | None, speedup: pd.DataFrame, baseline: 
                 key = {"workload": workload, "ctx": ctx, "concurrency": level}
                 later = without_block0(repeats, baseline, r["config"], key, column)
                 verdict = r.get("verdict" if metric == "speedup" else "per_request_verdict")
-                if not disagrees(r, later, metric, str(verdict)):
+                if verdict in (decide.LOCKSTEP, decide.LOAD_SET) or not disagrees(r, later, metric, str(verdict)):
                     continue
                 interval = (f" [{later.lo:.2f}, {later.hi:.2f}] over {later.n} blocks" if math.isfinite(later.lo)
                             else " (block 1 alone, no interval)")
