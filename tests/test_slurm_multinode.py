@@ -206,3 +206,32 @@ def test_a_rank_beyond_the_allocation_names_the_fix(tmp_path):
         RankSteps(allocation, tmp_path).start(1, ["true"])
     with pytest.raises(AllocationError, match="SLURM_JOB_ID"):
         allocation_from_env({})
+
+
+def _host_processes_with(marker: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in text and "pytest" not in text:
+            found.append(text.strip())
+    return found
+
+
+def test_a_failing_body_still_tears_the_cluster_down(cluster, tmp_path):
+    """A second cluster beside the module's (its own subnet, namespaces and bridge); its body fails mid-job."""
+    marker = f"torn-down-{os.getpid()}"
+    with pytest.raises(KeyError, match="the body failed"):
+        with slurm_cluster(tmp_path / "cluster", nodes=2) as other:
+            assert other.bridge != cluster.bridge and other.controller_address != cluster.controller_address
+            job = _sbatch(other, tmp_path, f"srun --nodes 2 --ntasks-per-node 1 {sys.executable} {STANDIN} hold "
+                                           f"{marker}\n", wait=False)
+            _wait_until(lambda: all(_with_marker(other, marker).values()), 30, f"job {job}'s tasks on both nodes")
+            raise KeyError("the body failed")
+    assert other.leftovers() == []
+    assert _host_processes_with(marker) == []
+    # The module's cluster is untouched.
+    assert subprocess.run(["sinfo", "--noheader", "--Node", "--format=%t"], capture_output=True, text=True,
+                          env=cluster.env).stdout.split() == ["idle", "idle"]
