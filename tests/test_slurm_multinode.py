@@ -34,7 +34,8 @@ pytestmark = pytest.mark.e2e
 def cluster(tmp_path_factory):
     install_slurm()
     try:
-        with slurm_cluster(tmp_path_factory.mktemp("slurmnet"), nodes=2) as running:
+        # The client config link: the Snakemake SLURM plugin's srun inside a job runs without SLURM_CONF.
+        with slurm_cluster(tmp_path_factory.mktemp("slurmnet"), nodes=2, publish_client_conf=True) as running:
             yield running
     except ClusterUnavailable as why:
         pytest.skip(str(why))
@@ -163,9 +164,7 @@ def holder_job(cluster, tmp_path):
     """A running two-node job that only holds its nodes; yields the environment of a process inside it."""
     job = _sbatch(cluster, tmp_path, "sleep 300\n", wait=False)
     _wait_until(lambda: _job_state(cluster, job) == "RUNNING", 30, f"job {job} to run")
-    nodelist = subprocess.run(["squeue", "--noheader", f"--jobs={job}", "--format=%N"], capture_output=True,
-                              text=True, env=cluster.env).stdout.strip()
-    yield {**cluster.env, "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": nodelist}
+    yield {**cluster.env, "SLURM_JOB_ID": job}
     subprocess.run(["scancel", job], env=cluster.env)
 
 
@@ -235,3 +234,33 @@ def test_a_failing_body_still_tears_the_cluster_down(cluster, tmp_path):
     # The module's cluster is untouched.
     assert subprocess.run(["sinfo", "--noheader", "--Node", "--format=%t"], capture_output=True, text=True,
                           env=cluster.env).stdout.split() == ["idle", "idle"]
+
+
+def test_snakemake_with_the_slurm_profile_runs_a_two_node_job(cluster, tmp_path):
+    """profiles/slurm submits a rule that asks for `nodes: 2`; the rule's command launches the two ranks from inside
+    the plugin's job step, as a multi-node launch of the pipeline would."""
+    driver = TESTS / "slurm_ranks_driver.py"
+    (tmp_path / "Snakefile").write_text("\n".join([
+        "rule two_nodes:",
+        '    output: "result.json"',
+        '    log: "logs/two_nodes.log"',
+        # tasks too: the plugin passes --ntasks=1 otherwise, and sbatch --nodes=2 --ntasks=1 gets one node.
+        "    resources: nodes=2, tasks=2, runtime=5",
+        f'    shell: "{sys.executable} {driver} {{output}} logs/ranks > {{log}} 2>&1"',
+        "",
+    ]))
+    env = {**cluster.env, "PYTHONPATH": f"{ROOT}:{TESTS}"}
+    env.pop("SLURM_CONF")  # as on a cluster: clients find the config in its usual place
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(tmp_path / "Snakefile"), "--directory",
+           str(tmp_path), "--workflow-profile", str(ROOT / "profiles" / "slurm"),
+           "--slurm-init-seconds-before-status-checks", "1"]
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    output = run.stdout + run.stderr
+    logs = "\n".join(p.read_text() for p in tmp_path.glob("**/*.log"))
+    assert run.returncode == 0, output[-4000:] + logs[-4000:]
+    seen = json.loads((tmp_path / "result.json").read_text())
+    assert seen["nodes"] == ["node1", "node2"], "the plugin passed `nodes` on as sbatch --nodes"
+    node2 = cluster.node("node2")
+    assert seen["answer"] == {"server_host": "node1", "worker_host": "node2", "worker_address": node2.address}
+    assert seen["answer_before_worker"] is None
+    assert seen["steps_after_stop"] == {} and seen["processes_after_stop"] == []

@@ -4,7 +4,7 @@ A launch whose engine spans several nodes (a worker process on each further node
 inside one SLURM allocation: a batch job submitted with ``--nodes N``. This module starts each rank as a job step of
 that allocation, pinned to its node::
 
-    allocation = allocation_from_env()                  # SLURM_JOB_ID, SLURM_JOB_NODELIST -> nodes and NodeAddr
+    allocation = allocation_from_env()                  # SLURM_JOB_ID -> the job's nodes and their NodeAddr
     with RankSteps(allocation, log_dir, name="cfg") as ranks:
         ranks.start(1, ["worker", "--host", "0.0.0.0"])   # on allocation.nodes[1]
         ranks.start(0, ["server", "--peer", f"{allocation.address(allocation.nodes[1])}:50052"])
@@ -67,12 +67,22 @@ def node_address(node: str, env: Mapping[str, str] | None = None) -> str:
 
 
 def allocation_from_env(env: Mapping[str, str] | None = None) -> Allocation:
-    """The allocation this process runs in, from ``SLURM_JOB_ID`` and ``SLURM_JOB_NODELIST``, addresses included."""
+    """The allocation this process runs in: ``SLURM_JOB_ID``, the job's nodes and their addresses from the controller.
+
+    The node list comes from ``scontrol show job``, not from ``SLURM_JOB_NODELIST``: inside the one-node step in
+    which the Snakemake SLURM plugin runs a rule, that variable named only the step's node (seen: "node1" in a job
+    of two nodes)."""
     env = os.environ if env is None else env
-    job_id, nodelist = env.get("SLURM_JOB_ID"), env.get("SLURM_JOB_NODELIST")
-    if not job_id or not nodelist:
-        raise AllocationError("SLURM_JOB_ID and SLURM_JOB_NODELIST are unset: a multi-node launch runs inside a SLURM "
-                              "job that holds its nodes (submit it with --nodes N, e.g. through profiles/slurm)")
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        raise AllocationError("SLURM_JOB_ID is unset: a multi-node launch runs inside a SLURM job that holds its "
+                              "nodes (submit it with --nodes N, e.g. through profiles/slurm)")
+    nodelist = ""
+    for word in _scontrol(["show", "job", "-o", job_id], env).split():
+        if word.startswith("NodeList="):
+            nodelist = word.split("=", 1)[1]
+    if not nodelist or nodelist == "(null)":
+        raise AllocationError(f"job {job_id} holds no nodes yet (scontrol show job {job_id}: NodeList={nodelist})")
     nodes = tuple(_scontrol(["show", "hostnames", nodelist], env).split())
     return Allocation(job_id=job_id, nodes=nodes, addresses={n: node_address(n, env) for n in nodes})
 
