@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -50,6 +52,11 @@ SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "srun", "sco
 DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
 RUN_CONF = Path("/run/slurm/conf")
 NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps a named namespace (what nsenter --net= opens)
+# Marks what a cluster made with the pid of the process that made it, so that the next cluster can remove what one
+# whose process was killed outright (no teardown ran) left: in the daemons' environment, the bridge's alias and the
+# namespaces' names (ss<pid>-<n>-node<i>).
+OWNER_ENV = "SERVESWEEP_SLURM_CLUSTER_OWNER"
+OWNER_ALIAS = "servesweep-test-cluster pid="
 # Seconds between SIGTERM and SIGKILL when a job or step is cancelled (SLURM's default is 30): kept short so a
 # cancelled job's processes are gone within a test's patience, long enough for a rank to exit on SIGTERM.
 KILL_WAIT_S = 5
@@ -75,6 +82,7 @@ class Cluster:
     bridge: str
     controller_address: str
     daemons: dict[str, subprocess.Popen] = field(default_factory=dict)
+    published_folder: bool = False  # /run/slurm was created for the client config link (and must go again)
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -105,6 +113,8 @@ class Cluster:
         left += [f"{name} (pid {p.pid})" for name, p in self.daemons.items() if p.poll() is None]
         if RUN_CONF.is_symlink() and os.readlink(RUN_CONF) == str(self.conf.parent):
             left.append(f"link {RUN_CONF}")
+        if self.published_folder and RUN_CONF.parent.exists():
+            left.append(f"folder {RUN_CONF.parent}")
         return left
 
 
@@ -128,6 +138,46 @@ def install_slurm() -> None:
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
     subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "slurm-wlm", "munge"],
                    check=True, env=env)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale() -> list[str]:
+    """Remove what clusters whose process died without a teardown left: their daemons, namespaces and bridges.
+
+    Only what carries the mark of a process that no longer runs is touched. Returns what was removed."""
+    removed = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError, ValueError):
+            owner = next((int(v.split(b"=", 1)[1]) for v in environ.read_bytes().split(b"\0")
+                          if v.startswith(OWNER_ENV.encode() + b"=")), None)
+            if owner is not None and not _alive(owner):
+                os.kill(int(environ.parent.name), signal.SIGKILL)
+                removed.append(f"process {environ.parent.name}")
+    for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split():
+        match = re.fullmatch(r"ss(\d+)-\d+-node\d+", name)
+        if match and not _alive(int(match.group(1))):
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            removed.append(f"namespace {name}")
+    links = subprocess.run(["ip", "-j", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
+    for link in json.loads(links or "[]"):
+        alias = link.get("ifalias", "")
+        if alias.startswith(OWNER_ALIAS) and not _alive(int(alias[len(OWNER_ALIAS):])):
+            subprocess.run(["ip", "link", "del", link["ifname"]], capture_output=True)
+            removed.append(f"bridge {link['ifname']}")
+    return removed
 
 
 def _ip(*args: str) -> None:
@@ -226,14 +276,18 @@ def _wait_for_idle(cluster: Cluster, timeout_s: float) -> None:
                        f"{logs}")
 
 
-def _publish_client_conf(conf: Path) -> None:
-    """Link the config where clients without SLURM_CONF look (the Snakemake SLURM plugin strips SLURM_CONF)."""
+def _publish_client_conf(conf: Path) -> bool:
+    """Link the config where clients without SLURM_CONF look (the Snakemake SLURM plugin strips SLURM_CONF).
+
+    Returns whether the link's folder was created here (and so is removed with the link)."""
     if RUN_CONF.is_symlink() and not Path(os.readlink(RUN_CONF)).exists():
         RUN_CONF.unlink()  # left by an earlier run whose temporary folder is gone
     if RUN_CONF.exists() or RUN_CONF.is_symlink():
         raise ClusterUnavailable(f"{RUN_CONF} is in use by another SLURM configuration (another test cluster?)")
+    created = not RUN_CONF.parent.exists()
     RUN_CONF.parent.mkdir(parents=True, exist_ok=True)
     RUN_CONF.symlink_to(conf.parent)
+    return created
 
 
 def _teardown(cluster: Cluster, created: list[str]) -> None:
@@ -263,8 +317,11 @@ def _teardown(cluster: Cluster, created: list[str]) -> None:
             out = subprocess.run(argv, capture_output=True, text=True)
             if out.returncode != 0:
                 errors.append(f"{' '.join(argv)}: {out.stderr.strip()}")
-        elif kind == "conf-link" and RUN_CONF.is_symlink() and os.readlink(RUN_CONF) == name:
+        elif kind == "conf-link" and RUN_CONF.is_symlink() and os.readlink(RUN_CONF) == str(cluster.conf.parent):
             RUN_CONF.unlink()
+            if name == "created-folder":
+                with contextlib.suppress(OSError):
+                    RUN_CONF.parent.rmdir()
     if errors:
         raise RuntimeError("test cluster teardown: " + "; ".join(errors))
 
@@ -277,10 +334,12 @@ def slurm_cluster(base: Path, nodes: int = 2, publish_client_conf: bool = False,
     ``publish_client_conf`` also links the config at /run/slurm/conf for clients that run without SLURM_CONF (the
     Snakemake SLURM plugin's srun inside a job). Raises :class:`ClusterUnavailable` where the host cannot run it."""
     check_host()
-    token = f"{os.getpid() % 100000:05d}{random.randint(0, 99):02d}"  # interface names: 15 characters at most
+    reap_stale()
+    serial = random.randint(0, 99)
+    token = f"{os.getpid() % 100000:05d}{serial:02d}"  # interface names: 15 characters at most
     subnet = _free_subnet()
     hosts = list(subnet.hosts())
-    members = [Node(f"node{i}", f"ss{token}-node{i}", str(hosts[i])) for i in range(1, nodes + 1)]
+    members = [Node(f"node{i}", f"ss{os.getpid()}-{serial}-node{i}", str(hosts[i])) for i in range(1, nodes + 1)]
     for sub in ("state", "munge", "etc", *(f"spool/{n.name}" for n in members)):
         (base / sub).mkdir(parents=True, exist_ok=True)
     (base / "munge").chmod(0o755)
@@ -291,12 +350,14 @@ def slurm_cluster(base: Path, nodes: int = 2, publish_client_conf: bool = False,
     conf = base / "etc" / "slurm.conf"
     controller = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
     conf.write_text(_slurm_conf(base, controller, str(hosts[0]), members, munge_socket))
-    cluster = Cluster(base=base, conf=conf, env={**os.environ, "SLURM_CONF": str(conf)}, nodes=members,
+    cluster = Cluster(base=base, conf=conf, env={**os.environ, "SLURM_CONF": str(conf), OWNER_ENV: str(os.getpid())},
+                      nodes=members,
                       bridge=f"ssb{token}", controller_address=str(hosts[0]))
     created: list[str] = []
     try:
         _ip("link", "add", cluster.bridge, "type", "bridge")
         created.append(f"link {cluster.bridge}")
+        _ip("link", "set", cluster.bridge, "alias", f"{OWNER_ALIAS}{os.getpid()}")
         _ip("addr", "add", f"{hosts[0]}/{subnet.prefixlen}", "dev", cluster.bridge)
         _ip("link", "set", cluster.bridge, "up")
         for i, node in enumerate(members, start=1):
@@ -309,8 +370,8 @@ def slurm_cluster(base: Path, nodes: int = 2, publish_client_conf: bool = False,
             _ip("-n", node.netns, "link", "set", "eth0", "up")
             _ip("-n", node.netns, "link", "set", "lo", "up")
         if publish_client_conf:
-            _publish_client_conf(conf)
-            created.append(f"conf-link {conf.parent}")
+            cluster.published_folder = _publish_client_conf(conf)
+            created.append(f"conf-link {'created-folder' if cluster.published_folder else 'folder-existed'}")
         # --force: pytest's temporary folders are private (0700), which munged otherwise refuses for its socket.
         commands = {
             "munged": ["munged", "--foreground", "--force", f"--socket={munge_socket}", f"--key-file={key}",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from servesweep.lifecycle.slurm_ranks import AllocationError, Allocation, RankSteps, allocation_from_env
-from slurm_cluster import ClusterUnavailable, install_slurm, slurm_cluster
+from slurm_cluster import ClusterUnavailable, check_host, install_slurm, reap_stale, slurm_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -43,16 +43,23 @@ def cluster(tmp_path_factory):
 
 
 def _sbatch(cluster, tmp_path: Path, script: str, *options: str, wait: bool = True) -> str:
-    """Submit a batch script (its output in tmp_path/job.out); returns the job id."""
+    """Submit a batch script (its output in tmp_path/job.out); with ``wait``, until it ended well. Returns the job id."""
     path = tmp_path / "job.sh"
     path.write_text("#!/bin/sh\n" + script)
     env = {**cluster.env, "PYTHONPATH": f"{ROOT}:{TESTS}"}
     argv = ["sbatch", "--parsable", "--nodes=2", f"--output={tmp_path / 'job.out'}", f"--chdir={tmp_path}",
-            *(["--wait"] if wait else []), *options, str(path)]
-    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-    out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-    assert run.returncode == 0, f"{run.stderr}\n{out}"
-    return run.stdout.strip().split(";")[0]
+            *options, str(path)]
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    job = run.stdout.strip().split(";")[0]
+    if wait:
+        # Polled here rather than with sbatch --wait, whose checks come up to 10 s apart.
+        state = _wait_until(lambda: _job_state(cluster, job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                                                 "NODE_FAIL", "OUT_OF_MEMORY")
+                            and _job_state(cluster, job), 120, f"job {job} to end")
+        out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+        assert state == "COMPLETED", f"job {job} ended {state}:\n{out}"
+    return job
 
 
 def _wait_until(predicate, timeout_s: float, what: str):
@@ -66,8 +73,9 @@ def _wait_until(predicate, timeout_s: float, what: str):
 
 
 def _job_state(cluster, job: str) -> str:
-    out = subprocess.run(["squeue", "--noheader", f"--jobs={job}", "--format=%T"], capture_output=True, text=True,
-                         env=cluster.env)
+    """The job's state; finished jobs stay listed for MinJobAge (300 s) on the test cluster."""
+    out = subprocess.run(["squeue", "--noheader", "--states=all", f"--jobs={job}", "--format=%T"],
+                         capture_output=True, text=True, env=cluster.env)
     return out.stdout.strip()
 
 
@@ -264,3 +272,42 @@ def test_snakemake_with_the_slurm_profile_runs_a_two_node_job(cluster, tmp_path)
     assert seen["answer"] == {"server_host": "node1", "worker_host": "node2", "worker_address": node2.address}
     assert seen["answer_before_worker"] is None
     assert seen["steps_after_stop"] == {} and seen["processes_after_stop"] == []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_what_a_killed_owner_left_is_removed_by_the_next_cluster(tmp_path):
+    """A process killed outright with its cluster up runs no teardown; reap_stale (run by every new cluster) removes
+    its daemons, namespaces and bridge."""
+    install_slurm()
+    try:
+        check_host()
+    except ClusterUnavailable as why:
+        pytest.skip(str(why))
+    info = tmp_path / "info.json"
+    script = "\n".join([
+        "import json, os, signal, sys",
+        "from pathlib import Path",
+        f"sys.path[:0] = [{str(ROOT)!r}, {str(TESTS)!r}]",
+        "from slurm_cluster import slurm_cluster",
+        f"with slurm_cluster(Path({str(tmp_path / 'cluster')!r})) as c:",
+        f"    Path({str(info)!r}).write_text(json.dumps({{'netns': [n.netns for n in c.nodes], 'bridge': c.bridge,",
+        "                                               'daemons': [p.pid for p in c.daemons.values()]}))",
+        "    os.kill(os.getpid(), signal.SIGKILL)",
+    ])
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    left = json.loads(info.read_text())
+    namespaces = lambda: set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    bridge_exists = lambda: subprocess.run(["ip", "link", "show", left["bridge"]], capture_output=True).returncode == 0
+    assert set(left["netns"]) <= namespaces() and bridge_exists() and all(map(_running, left["daemons"]))
+
+    removed = reap_stale()
+    assert f"bridge {left['bridge']}" in removed
+    assert not set(left["netns"]) & namespaces() and not bridge_exists()
+    _wait_until(lambda: not any(map(_running, left["daemons"])), 10, "the killed owner's daemons to end")
