@@ -15,10 +15,10 @@ The SLURM facts this rests on (slurm.conf(5) and slurmd(8) of Debian's slurm-wlm
   and is what `hostname -s` returns on it. So ``NodeName=node2 NodeAddr=<its bridge address>``: the controller reaches
   each slurmd in its namespace, and ``scontrol show node`` gives the address that a rank on another node connects to.
 - ``slurmd -N <name>`` runs the daemon as the named node. slurmd(8) says this needs a build with
-  ``--enable-multiple-slurmd``; Debian's 22.05.8 accepts it either way (its help lists it and the one-node test in
-  tests/test_slurm.py uses it). The design does not depend on multiple-slurmd: each slurmd has a network namespace to
-  itself and so the one ``SlurmdPort`` for all (the per-node ``Port`` is only needed when several slurmd share a
-  network stack), and its hostname matches its NodeName as on a real node.
+  ``--enable-multiple-slurmd``; Debian's 22.05.8 has what it takes (two slurmd in one network namespace, told
+  apart by a per-node ``Port``, each ran a step of one srun). The design does not depend on it: each slurmd has a
+  network namespace to itself and so the one ``SlurmdPort`` for all (the per-node ``Port`` is only needed when
+  several slurmd share a network stack), and its hostname matches its NodeName as on a real node.
 - ``SlurmdSpoolDir``, ``SlurmdPidFile`` and ``SlurmdLogFile`` replace ``%n`` with the node's name, so the daemons of
   one config keep their state apart on a shared file system.
 - Cgroup-free and accounting-free as in tests/test_slurm.py (``ProctrackType=proctrack/linuxproc``, no slurmdbd), so
@@ -391,7 +391,8 @@ def slurm_cluster(base: Path, nodes: int = 2, publish_client_conf: bool = False,
                 cluster.daemons[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=cluster.env)
             if name == "munged":
                 deadline = time.monotonic() + 20
-                while not munge_socket.exists() and time.monotonic() < deadline and cluster.daemons[name].poll() is None:
+                while (not munge_socket.exists() and time.monotonic() < deadline
+                       and cluster.daemons[name].poll() is None):
                     time.sleep(0.1)
         _wait_for_idle(cluster, ready_timeout_s)
         yield cluster

@@ -43,7 +43,7 @@ def cluster(tmp_path_factory):
 
 
 def _sbatch(cluster, tmp_path: Path, script: str, *options: str, wait: bool = True) -> str:
-    """Submit a batch script (its output in tmp_path/job.out); with ``wait``, until it ended well. Returns the job id."""
+    """Submit a batch script (output in tmp_path/job.out); with ``wait``, until it ended well. Returns the job id."""
     path = tmp_path / "job.sh"
     path.write_text("#!/bin/sh\n" + script)
     env = {**cluster.env, "PYTHONPATH": f"{ROOT}:{TESTS}"}
@@ -87,7 +87,8 @@ def _with_marker(cluster, marker: str) -> dict[str, list[str]]:
 def test_a_two_node_job_runs_a_step_on_each_node(cluster, tmp_path):
     _sbatch(cluster, tmp_path, 'echo "batch $(hostname)"\n'
                                'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/^/allocated /"\n'
-                               "srun --nodes 2 --ntasks-per-node 1 sh -c 'echo \"step $(hostname) $SLURMD_NODENAME\"'\n")
+                               "srun --nodes 2 --ntasks-per-node 1 "
+                               "sh -c 'echo \"step $(hostname) $SLURMD_NODENAME\"'\n")
     lines = (tmp_path / "job.out").read_text().splitlines()
     assert "batch node1" in lines
     assert sorted(l for l in lines if l.startswith("allocated ")) == ["allocated node1", "allocated node2"]
@@ -150,7 +151,8 @@ def test_scancel_leaves_no_step_process_on_either_node(cluster, tmp_path):
 
 def test_ranks_started_inside_a_job_serve_together_and_stop(cluster, tmp_path):
     result = tmp_path / "result.json"
-    _sbatch(cluster, tmp_path, f"exec {sys.executable} {TESTS / 'slurm_ranks_driver.py'} {result} {tmp_path / 'logs'}\n")
+    driver = TESTS / "slurm_ranks_driver.py"
+    _sbatch(cluster, tmp_path, f"exec {sys.executable} {driver} {result} {tmp_path / 'logs'}\n")
     seen = json.loads(result.read_text())
     node1, node2 = cluster.node("node1"), cluster.node("node2")
     assert seen["nodes"] == ["node1", "node2"] and seen["driver_host"] == "node1"

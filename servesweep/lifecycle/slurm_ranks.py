@@ -1,4 +1,4 @@
-"""The ranks of one multi-node launch as SLURM job steps: one command per node, stopped together, none outliving the job.
+"""The ranks of one multi-node launch as SLURM job steps: one command per node, stopped together, none outlives the job.
 
 A launch whose engine spans several nodes (a worker process on each further node, the server on the first) runs
 inside one SLURM allocation: a batch job submitted with ``--nodes N``. This module starts each rank as a job step of
