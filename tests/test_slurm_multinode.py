@@ -209,6 +209,30 @@ def test_no_rank_outlives_a_cancelled_job(cluster, holder_job, tmp_path):
     ranks.stop()  # nothing left to stop: returns at once
 
 
+def test_no_rank_outlives_a_launcher_killed_inside_its_job(cluster, tmp_path):
+    """The launcher (a rule's process in the batch script) is SIGKILLed with two ranks up: the batch script ends, so
+    the job does, and SLURM ends the ranks and their sruns with it."""
+    marker = f"killed-launcher-{os.getpid()}"
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text("\n".join([
+        "import sys, time",
+        "from servesweep.lifecycle.slurm_ranks import RankSteps, allocation_from_env",
+        f"ranks = RankSteps(allocation_from_env(), {str(tmp_path / 'logs')!r}, name='killed')",
+        f"for rank in (0, 1): ranks.start(rank, [sys.executable, {STANDIN!r}, 'hold', {marker!r}])",
+        "time.sleep(600)",
+        "",
+    ]))
+    job = _sbatch(cluster, tmp_path, f"exec {sys.executable} {launcher}\n", wait=False)
+    _wait_until(lambda: all(_with_marker(cluster, marker).values()), 30, "a rank on each node")
+    pid = next(p for p, c in cluster.processes(cluster.node("node1")).items() if str(launcher) in c)
+    os.kill(pid, signal.SIGKILL)
+    _wait_until(lambda: not any(_with_marker(cluster, marker).values()), 30, "the ranks to end with the job")
+    _wait_until(lambda: not any("srun" in c and marker in c for n in cluster.nodes
+                                for c in cluster.processes(n).values()), 30, "the ranks' sruns to exit")
+    assert _wait_until(lambda: _job_state(cluster, job) not in ("RUNNING", "COMPLETING") and _job_state(cluster, job),
+                       30, f"job {job} to end") == "FAILED"
+
+
 def test_a_rank_beyond_the_allocation_names_the_fix(tmp_path):
     allocation = Allocation(job_id="7", nodes=("node1",), addresses={"node1": "10.0.0.2"})
     with pytest.raises(AllocationError, match="--nodes 2"):
