@@ -19,7 +19,8 @@ No server outlives its job, whatever ends the job:
   the port (or a running job that holds the GPUs).
 
 One concern a module: ``process`` (the server's process group, its guards and its stop), ``reap`` (what runs before a
-launch), ``lease`` (host leases and which GPUs a config gets) and ``ready`` (readiness).
+launch), ``lease`` (host leases and which GPUs a config gets), ``ready`` (readiness) and ``slurm_ranks`` (a multi-node
+launch's ranks as steps of one SLURM job, none outliving it; docs/slurm-multinode.md).
 """
 from servesweep.lifecycle.lease import (DEFAULT_LOCK_DIR, HostBusy, HostLease, config_gpus, host_gpu_count,
                                         host_lock_dir, lease_for_config)
