@@ -113,8 +113,8 @@ def design_words(design: str, n: int, launches: tuple[int, int] | None = None) -
     if design == decide.PAIRED:
         return f"paired over {n} blocks"
     if design == decide.UNPAIRED:
-        return (f"unpaired over every launch ({launch_counts(launches, n)}; Welch on the log launch means: pairing "
-                "would have left a launch out, and drift between launches is not cancelled)")
+        return (f"unpaired over every launch, {launch_counts(launches, n)}, Welch on the log launch means: pairing "
+                "by block would have left launches out, and drift between launches is not cancelled")
     if design == decide.ONE_LAUNCH:
         return (f"{n}+ rounds of one launch each, unpaired: launch-to-launch variation and drift between the two "
                 "launches are not in the interval")

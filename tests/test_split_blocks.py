@@ -34,7 +34,7 @@ def test_the_model_is_the_paired_t_on_complete_blocks():
 
 
 def test_the_model_keeps_a_split_blocks_launches_through_a_config_that_shares_them():
-    """h200-llamacpp-blocks' shape: block 1 cut after `ar`'s launch, `ngram` and `ar-copy` measured in the next run.
+    """h200-llamacpp-blocks' shape: `ngram` and `ar-copy` launched in block 1 before the cut, `ar` in the next run.
     Paired over the shared (block, run)s `ngram`/`ar` has 2 blocks (df 1); the model over all three configs keeps
     `ngram`'s block-1 launch through `ar-copy` (df 3) and its estimate is the least-squares fit's."""
     rng = np.random.default_rng(3)
@@ -73,7 +73,7 @@ def test_a_split_block_keeps_its_launches_in_the_comparison():
     welch = decide.unpaired([100.0, 104.0, 98.0], [120.0, 117.0, 125.0])
     assert est.log_ratio == pytest.approx(welch.log_ratio) and est.se == pytest.approx(welch.se)
     words = compare.design_words(est.design, est.n, est.launches)
-    assert "every launch (3 launches each" in words
+    assert "unpaired over every launch, 3 launches each" in words
     # complete blocks stay paired, over every block
     whole = rows.assign(block_run="r1")
     est = compare.estimate(whole[whole.config == "ar"], whole[whole.config == "ngram"], "agg_output_tok_s")
@@ -102,7 +102,7 @@ def test_the_report_says_what_the_unpaired_comparisons_used():
               "designs": {decide.UNPAIRED: 2}, "rule": {"alpha": 0.05, "margin": 0.05, "power": 0.8},
               "split_blocks": [{"block": 1, "runs": {"r1": ["ar"], "r2": ["ngram"]}}]}
     text = " ".join(resolution(speedup, design) + flags(design, speedup))
-    assert "the 1 unpaired comparisons used every launch of both configs (3+ a side" in text
+    assert "the unpaired comparisons (1 cell) used every launch of both configs (3+ a side" in text
     assert "df 2.1–3.6" in text
     assert "made unpaired over every launch of both" in text and "leaves this block out" not in text
 

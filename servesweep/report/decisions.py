@@ -149,8 +149,9 @@ def unpaired_clause(sweep: pd.DataFrame) -> str:
         return ""
     n = int(pd.to_numeric(welch["blocks"], errors="coerce").min())
     span = f"{dfs.min():.1f}" + (f"–{dfs.max():.1f}" if dfs.max() - dfs.min() >= 0.05 else "")
-    return (f"; the {len(welch)} unpaired comparisons used every launch of both configs ({n}+ a side, Welch on the "
-            f"log launch means, df {span}) where pairing by block would have left a launch out")
+    cells = f"{len(welch)} cell{'s' if len(welch) != 1 else ''}"
+    return (f"; the unpaired comparisons ({cells}) used every launch of both configs ({n}+ a side, Welch on the log "
+            f"launch means, df {span}) where pairing by block would have left a launch out")
 
 
 def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
