@@ -4,9 +4,10 @@ The unit of a comparison is a **block**: one launch of every config, in an order
 (:func:`block_order`). A config's value in a block is its launch mean over that launch's rounds. Two configs are
 compared within blocks, paired in time: per block the log-ratio d_b = ln(x_B,b / x_A,b), and the interval for the
 ratio is exp(mean(d) ± t · sd(d) / √n) over the n blocks both configs were measured in (a geometric-mean ratio;
-launch-to-launch and drift variation are inside it because they are inside sd(d)). Where no two blocks are paired
-(a config measured in another run of the pipeline, or recordings made before blocks), the two configs' launch (or
-round) values are compared unpaired (Welch on the logs), and the design says so.
+launch-to-launch and drift variation are inside it because they are inside sd(d)). Where pairing would leave a
+launch of either config out (a config measured in another run of the pipeline, a block split across two runs, a
+config missing from a block), the two configs' launch values are compared unpaired over every launch (Welch on the
+logs; recordings made before blocks: over rounds), and the design says so.
 
 Verdicts (docs/measurement.md, "When the report calls a difference"):
 
@@ -42,8 +43,8 @@ NOT_MEASURABLE = "not measurable"
 # variation out).
 UNDECIDED = "no verdict: one launch per config"
 PAIRED, UNPAIRED, ONE_LAUNCH = "paired blocks", "unpaired launches", "one launch per config"
-# Where pairing by block would leave a launch of either config out (a block split across runs, a config missing from
-# a block): an additive config + block model on the logs over every launch of the cell (``block_model``).
+# The design of ``block_model``: measured against Welch for the launches pairing would leave out, and not chosen
+# (benchmarks/calibration_splitblocks.py: its pooled launch SD fails when configs differ in noise).
 MODEL = "config + block model"
 
 
@@ -178,7 +179,10 @@ def block_model(launches: Sequence[tuple], a, b) -> Estimate:
     one per config at most), by ``model_maps``: the ratio exp(B − A), its standard error from the residuals with
     their degrees of freedom (launches − configs − blocks + 1 for a connected design), an exact t interval. With
     two configs in complete blocks it is the paired t (``paired``) to rounding; other configs' launches add
-    degrees of freedom (their residuals pool into one launch SD) and bridge a block where A or B is missing."""
+    degrees of freedom (their residuals pool into one launch SD) and bridge a block where A or B is missing.
+    The comparisons do not use it: with the affected config twice as noisy as the others its pooled SD made 10 %
+    false findings per all-null sweep (benchmarks/calibration_splitblocks.py, docs/measurement.md "Launches pairing
+    would leave out"), so they take Welch over every launch instead."""
     rows = [(c, u, float(v)) for c, u, v in launches if v is not None and math.isfinite(float(v)) and float(v) > 0]
     n_a, n_b = sum(1 for c, _, _ in rows if c == a), sum(1 for c, _, _ in rows if c == b)
     if not (n_a and n_b):
@@ -350,7 +354,8 @@ MIN_DF_TO_PROJECT = 3
 
 
 def blocks_to_decide(est: Estimate, rule: Rule, comparisons: int, most: int = 200) -> int | None:
-    """How many blocks in all would likely decide an inconclusive comparison, if its log-ratio and spread stay what
+    """How many blocks in all would likely decide an inconclusive comparison (paired, or the config + block
+    model's, whose ``sd`` is the per-block log-ratio SD of complete blocks), if its log-ratio and spread stay what
     they are now: the first n at which either the difference or the equivalence test reaches the strictest
     Benjamini–Hochberg level with the rule's power. None when no n up to ``most`` would (a ratio right at the
     margin), or when there is no spread to project from."""
