@@ -76,6 +76,7 @@ class Noise:
     tails: str = "normal"       # or "t3"
     first_launch: float = 0.0   # ln shift of the sweep's first launch, whichever config it is (a colder host)
     position: float = 0.0       # ln shift of every block's first launch (a position effect)
+    config_scale: tuple = ()    # per config, a factor on its own (launch, cell, round) noise: a noisier config
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,11 @@ def launch_times(configs: int, design: Design, seed: int) -> np.ndarray:
 
 
 def simulate(true_log_ratio: np.ndarray, design: Design, noise: Noise, sweeps: int,
-             rng: np.random.Generator) -> np.ndarray:
+             rng: np.random.Generator, units: np.ndarray | None = None) -> np.ndarray:
     """Round values ln x, shape (sweeps, K, B, M, R); config 0 is the baseline, ``true_log_ratio`` (K,) each
-    config's true ln(ratio over the baseline), the same in every cell."""
+    config's true ln(ratio over the baseline), the same in every cell. ``units`` (K, B), where given, names the
+    block effect each launch shares (a block split across two runs of the pipeline has two); by default the
+    block's."""
     k, b, m, r = len(true_log_ratio), design.blocks, design.cells, design.rounds
     s = sweeps
     v = noise.cv ** 2
@@ -139,14 +142,21 @@ def simulate(true_log_ratio: np.ndarray, design: Design, noise: Noise, sweeps: i
     tau = (times + 0.5) / (k * b)
     phase = rng.uniform(0, 2 * math.pi, size=(s, 1, 1))
     drift = noise.drift_total * (tau - 0.5) + noise.drift_amp * np.sin(2 * math.pi * noise.drift_periods * tau + phase)
+    if units is None:
+        block = _draw(rng, (s, 1, b, 1, 1), sd_block, noise.tails)
+    else:
+        per_unit = _draw(rng, (s, int(units.max()) + 1), sd_block, noise.tails)
+        block = per_unit[:, units][..., None, None]
+    scale = (np.asarray(noise.config_scale, dtype=float) if noise.config_scale else np.ones(k))[None, :, None, None,
+                                                                                               None]
     x = (np.asarray(true_log_ratio)[None, :, None, None, None]
          + drift[..., None, None]
          + noise.first_launch * (times == 0)[..., None, None]
          + noise.position * (times % k == 0)[..., None, None]
-         + _draw(rng, (s, 1, b, 1, 1), sd_block, noise.tails)
-         + _draw(rng, (s, k, b, 1, 1), sd_launch, noise.tails)
-         + _draw(rng, (s, k, b, m, 1), sd_cell, noise.tails)
-         + _draw(rng, (s, k, b, m, r), sd_round, noise.tails))
+         + block
+         + scale * (_draw(rng, (s, k, b, 1, 1), sd_launch, noise.tails)
+                    + _draw(rng, (s, k, b, m, 1), sd_cell, noise.tails)
+                    + _draw(rng, (s, k, b, m, r), sd_round, noise.tails)))
     return x
 
 

@@ -379,7 +379,7 @@ def comparison_rows(repeats: pd.DataFrame, pairs: list[tuple[str, str, tuple]], 
         members = [r for r in rows if r["family"] == family]
         for r, d in zip(members, decide.decide([r["estimate"] for r in members], rule)):
             e = d.estimate
-            r.update(ratio=e.ratio, lo=e.lo, hi=e.hi, design=e.design, blocks=e.n, verdict=d.verdict,
+            r.update(ratio=e.ratio, lo=e.lo, hi=e.hi, design=e.design, blocks=e.n, df=e.df, verdict=d.verdict,
                      q=d.q_difference, q_equivalence=d.q_equivalence, mde=d.mde, blocks_to_decide=d.blocks_to_decide)
     return rows
 
@@ -438,9 +438,9 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
             "baseline_agg_tok_s": base["agg_output_tok_s"].iloc[0],
             "speedup": t["ratio"], "speedup_lo": t["lo"], "speedup_hi": t["hi"],
             "per_request_speedup": u.get("ratio", math.nan), "per_request_speedup_lo": u.get("lo", math.nan),
-            "per_request_speedup_hi": u.get("hi", math.nan),
+            "per_request_speedup_hi": u.get("hi", math.nan), "per_request_df": u.get("df", math.nan),
             "design": t["design"], "blocks": t["blocks"], "family": families.get((cfg, baseline, key), "sweep"),
-            "q": t["q"], "mde": t["mde"], "blocks_to_decide": t["blocks_to_decide"],
+            "q": t["q"], "mde": t["mde"], "blocks_to_decide": t["blocks_to_decide"], "df": t["df"],
             "per_request_q": u.get("q", math.nan), "per_request_mde": u.get("mde", math.nan),
             "speculation": ("" if cfg not in status or status[cfg].requested is None else
                             ("simulated, " if cfg in simulated else "")
@@ -459,7 +459,7 @@ def speedup_table(cells: pd.DataFrame, repeats: pd.DataFrame, baseline: str, noi
 SPEEDUP_COLUMNS = ["config", *CELL_KEYS, "agg_output_tok_s", "baseline_agg_tok_s", "speedup", "speedup_lo",
                    "speedup_hi", "per_request_speedup", "per_request_speedup_lo", "per_request_speedup_hi", "design",
                    "blocks", "family", "q", "mde", "blocks_to_decide", "per_request_q", "per_request_mde",
-                   "speculation", "verdict", "per_request_verdict", "client_bound"]
+                   "speculation", "verdict", "per_request_verdict", "client_bound", "df", "per_request_df"]
 
 
 def design_table(speedup: pd.DataFrame, metas: list[dict], repeats: pd.DataFrame, rule: decide.Rule,

@@ -4,8 +4,9 @@ blocks, unpaired launches, or rounds of one launch each) and its estimate (``ser
 A repeat row carries its ``block`` (which launch of the config) and ``block_run`` (the pipeline run it was measured
 in; rows recorded before blocks have neither: all their rounds are one launch). A config's value in a block is the
 mean of that launch's quiet rounds. Two configs' launches of one block are paired when the block was measured in
-the same run for both; a config re-measured alone (its entry edited, or a failed block retried) has blocks paired
-with nothing, and is compared unpaired over its launches — the report names that design.
+the same run for both. Where pairing would leave a launch of either out — a config re-measured alone (its entry
+edited, or a failed block retried), a block split across two runs, a config missing from a block — the two are
+compared unpaired over every launch; the report names that design.
 """
 from __future__ import annotations
 
@@ -48,17 +49,19 @@ def launch_means(rows: pd.DataFrame, column: str) -> pd.Series:
 
 def estimate(a_rows: pd.DataFrame, b_rows: pd.DataFrame, column: str) -> decide.Estimate:
     """B over A at one cell for ``column`` from both configs' rows: paired over the blocks both measured in one
-    run when there are two or more; else unpaired over launches (two or more each); else, with one launch each,
-    over the launches' rounds (launch-to-launch variation then is not in the interval)."""
+    run when every launch of each has its partner there (two or more); else, where pairing would leave a launch
+    out (a block split across two runs, a config missing from a block, a launch lost to a busy host), Welch over
+    every launch of both (two or more each; ``decide.unpaired``), chosen by benchmarks/calibration_splitblocks.py
+    over the paired t of the shared blocks and a config + block model (docs/measurement.md, "Launches pairing
+    would leave out"); else, with one launch each, over the launches' rounds (launch-to-launch variation then is
+    not in the interval)."""
     a_rows, b_rows = quiet(a_rows), quiet(b_rows)
     la, lb = launch_means(a_rows, column), launch_means(b_rows, column)
     if la.empty or lb.empty:
         return decide.NO_ESTIMATE
     common = [k for k in la.index if k in lb.index]
-    if len(common) >= 2:
+    if len(common) >= 2 and len(common) == len(la) == len(lb):
         return decide.paired({k: la[k] for k in common}, {k: lb[k] for k in common})
-    if len(la) >= 2 and len(lb) >= 2:
-        return decide.unpaired(list(la), list(lb))
     if len(la) == 1 and len(lb) == 1:
         return decide.unpaired(list(pd.to_numeric(a_rows[column], errors="coerce").dropna()),
                                list(pd.to_numeric(b_rows[column], errors="coerce").dropna()), decide.ONE_LAUNCH)
@@ -97,12 +100,21 @@ def busy(repeats: pd.DataFrame, config: str, key: Sequence) -> bool:
     return (launches if launches >= 2 else len(calm)) < 2
 
 
-def design_words(design: str, n: int) -> str:
+def launch_counts(launches: tuple[int, int] | None, n: int) -> str:
+    """"3 and 2 launches" from an estimate's launches of A and of B; "n+ launches each" where not recorded."""
+    if launches and all(launches):
+        a, b = launches
+        return f"{a} launches each" if a == b else f"{a} and {b} launches"
+    return f"{n}+ launches each"
+
+
+def design_words(design: str, n: int, launches: tuple[int, int] | None = None) -> str:
     """How a comparison's interval was made, in the report's words."""
     if design == decide.PAIRED:
         return f"paired over {n} blocks"
     if design == decide.UNPAIRED:
-        return f"unpaired over {n}+ launches each (not measured in the same runs: drift between them is not cancelled)"
+        return (f"unpaired over every launch, {launch_counts(launches, n)}, Welch on the log launch means: pairing "
+                "by block would have left launches out, and drift between launches is not cancelled")
     if design == decide.ONE_LAUNCH:
         return (f"{n}+ rounds of one launch each, unpaired: launch-to-launch variation and drift between the two "
                 "launches are not in the interval")

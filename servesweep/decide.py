@@ -4,9 +4,10 @@ The unit of a comparison is a **block**: one launch of every config, in an order
 (:func:`block_order`). A config's value in a block is its launch mean over that launch's rounds. Two configs are
 compared within blocks, paired in time: per block the log-ratio d_b = ln(x_B,b / x_A,b), and the interval for the
 ratio is exp(mean(d) ± t · sd(d) / √n) over the n blocks both configs were measured in (a geometric-mean ratio;
-launch-to-launch and drift variation are inside it because they are inside sd(d)). Where no two blocks are paired
-(a config measured in another run of the pipeline, or recordings made before blocks), the two configs' launch (or
-round) values are compared unpaired (Welch on the logs), and the design says so.
+launch-to-launch and drift variation are inside it because they are inside sd(d)). Where pairing would leave a
+launch of either config out (a config measured in another run of the pipeline, a block split across two runs, a
+config missing from a block), the two configs' launch values are compared unpaired over every launch (Welch on the
+logs; recordings made before blocks: over rounds), and the design says so.
 
 Verdicts (docs/measurement.md, "When the report calls a difference"):
 
@@ -42,6 +43,9 @@ NOT_MEASURABLE = "not measurable"
 # variation out).
 UNDECIDED = "no verdict: one launch per config"
 PAIRED, UNPAIRED, ONE_LAUNCH = "paired blocks", "unpaired launches", "one launch per config"
+# The design of ``block_model``: measured against Welch for the launches pairing would leave out, and not chosen
+# (benchmarks/calibration_splitblocks.py: its pooled launch SD fails when configs differ in noise).
+MODEL = "config + block model"
 
 
 @dataclass(frozen=True)
@@ -69,9 +73,11 @@ class Estimate:
     log_ratio: float
     se: float               # standard error of log_ratio
     df: float
-    n: int                  # blocks paired (paired), or the smaller arm's launches/rounds (unpaired)
-    design: str             # PAIRED, UNPAIRED or ONE_LAUNCH
-    sd: float = math.nan    # SD of the per-block log-ratios (paired) or the pooled per-launch log SD (unpaired)
+    n: int                  # blocks paired (paired), or the smaller arm's launches/rounds (unpaired, model)
+    design: str             # PAIRED, UNPAIRED, ONE_LAUNCH or MODEL
+    sd: float = math.nan    # SD of the per-block log-ratios (paired; the model's √2 × residual SD, the same
+                            # quantity), or the pooled per-launch log SD (unpaired)
+    launches: tuple[int, int] = (0, 0)  # launches of A and of B (unpaired, model; (0, 0) for the other designs)
 
     @property
     def measurable(self) -> bool:
@@ -120,14 +126,80 @@ def unpaired(a: Sequence[float], b: Sequence[float], design: str = UNPAIRED) -> 
     mean = float(lb.mean() - la.mean())
     n = int(min(la.size, lb.size))
     if la.size < 2 or lb.size < 2:
-        return Estimate(math.exp(mean), math.nan, math.nan, mean, math.nan, 0.0, n, design)
+        return Estimate(math.exp(mean), math.nan, math.nan, mean, math.nan, 0.0, n, design,
+                        launches=(int(la.size), int(lb.size)))
     va, vb = float(la.var(ddof=1)) / la.size, float(lb.var(ddof=1)) / lb.size
     se = math.sqrt(va + vb) or 1e-12
     den = (va ** 2 / (la.size - 1) if va else 0.0) + (vb ** 2 / (lb.size - 1) if vb else 0.0)
     df = (va + vb) ** 2 / den if den > 0 else float(la.size + lb.size - 2)
     pooled = math.sqrt(((la.size - 1) * la.var(ddof=1) + (lb.size - 1) * lb.var(ddof=1)) / (la.size + lb.size - 2))
     lo, hi = _interval(mean, se, df)
-    return Estimate(math.exp(mean), lo, hi, mean, se, df, n, design, float(pooled))
+    return Estimate(math.exp(mean), lo, hi, mean, se, df, n, design, float(pooled), (int(la.size), int(lb.size)))
+
+
+@dataclass(frozen=True)
+class ModelMaps:
+    """The linear algebra of one config + block design, fixed by which launches exist (not by their values): the
+    log-ratio is ``weights @ y``, the residuals ``residual @ y`` (y the launches' logs in the design's order), and
+    se² = (|residual @ y|² / df) · ``variance``. ``estimable`` is False where no combination of the launches
+    measures B − A free of the block effects (B's launches all in blocks no other config shares, for instance)."""
+
+    weights: np.ndarray
+    residual: np.ndarray
+    variance: float
+    df: int
+    estimable: bool
+
+
+def model_maps(configs: Sequence, units: Sequence, a, b) -> ModelMaps:
+    """The least-squares fit of ln x = config + block (block: one launch slot shared in time, a (block, run)) over
+    launches ``configs[i]`` in ``units[i]``, for the contrast B − A. The config effects are estimated within blocks
+    only (the block effects are free parameters), so a launch alone in its block fits exactly and informs nothing,
+    and one whose block holds other configs informs B − A through them."""
+    cfgs, blks = sorted(set(configs), key=str), sorted(set(units), key=str)
+    x = np.zeros((len(configs), len(cfgs) + len(blks)))
+    for i, (c, u) in enumerate(zip(configs, units)):
+        x[i, cfgs.index(c)] = 1.0
+        x[i, len(cfgs) + blks.index(u)] = 1.0
+    contrast = np.zeros(x.shape[1])
+    if a not in cfgs or b not in cfgs or a == b:
+        return ModelMaps(np.zeros(len(configs)), np.eye(len(configs)), math.nan, 0, False)
+    contrast[cfgs.index(b)], contrast[cfgs.index(a)] = 1.0, -1.0
+    pinv = np.linalg.pinv(x)
+    rank = int(np.linalg.matrix_rank(x))
+    # estimable iff the contrast lies in the row space of x: its projection onto that space is itself
+    estimable = bool(np.abs(contrast @ pinv @ x - contrast).max() < 1e-9)
+    weights = contrast @ pinv
+    return ModelMaps(weights, np.eye(len(configs)) - x @ pinv, float(weights @ weights), len(configs) - rank,
+                     estimable)
+
+
+def block_model(launches: Sequence[tuple], a, b) -> Estimate:
+    """B over A from every launch of a cell, ``(config, block, value)`` each (a block: the launches measured together,
+    one per config at most), by ``model_maps``: the ratio exp(B − A), its standard error from the residuals with
+    their degrees of freedom (launches − configs − blocks + 1 for a connected design), an exact t interval. With
+    two configs in complete blocks it is the paired t (``paired``) to rounding; other configs' launches add
+    degrees of freedom (their residuals pool into one launch SD) and bridge a block where A or B is missing.
+    The comparisons do not use it: with the affected config twice as noisy as the others its pooled SD made 10 %
+    false findings per all-null sweep (benchmarks/calibration_splitblocks.py, docs/measurement.md "Launches pairing
+    would leave out"), so they take Welch over every launch instead."""
+    rows = [(c, u, float(v)) for c, u, v in launches if v is not None and math.isfinite(float(v)) and float(v) > 0]
+    n_a, n_b = sum(1 for c, _, _ in rows if c == a), sum(1 for c, _, _ in rows if c == b)
+    if not (n_a and n_b):
+        return NO_ESTIMATE
+    maps = model_maps([c for c, _, _ in rows], [u for _, u, _ in rows], a, b)
+    if not maps.estimable:
+        return NO_ESTIMATE
+    y = np.log([v for _, _, v in rows])
+    mean = float(maps.weights @ y)
+    n = min(n_a, n_b)
+    if maps.df < 1:
+        return Estimate(math.exp(mean), math.nan, math.nan, mean, math.nan, 0.0, n, MODEL, launches=(n_a, n_b))
+    resid = maps.residual @ y
+    s2 = float(resid @ resid) / maps.df
+    se = math.sqrt(s2 * maps.variance) or 1e-12
+    lo, hi = _interval(mean, se, float(maps.df))
+    return Estimate(math.exp(mean), lo, hi, mean, se, float(maps.df), n, MODEL, math.sqrt(2 * s2), (n_a, n_b))
 
 
 def ratio_of(num: Estimate, den: Estimate) -> Estimate:
@@ -282,13 +354,14 @@ MIN_DF_TO_PROJECT = 3
 
 
 def blocks_to_decide(est: Estimate, rule: Rule, comparisons: int, most: int = 200) -> int | None:
-    """How many blocks in all would likely decide an inconclusive comparison, if its log-ratio and spread stay what
+    """How many blocks in all would likely decide an inconclusive comparison (paired, or the config + block
+    model's, whose ``sd`` is the per-block log-ratio SD of complete blocks), if its log-ratio and spread stay what
     they are now: the first n at which either the difference or the equivalence test reaches the strictest
     Benjamini–Hochberg level with the rule's power. None when no n up to ``most`` would (a ratio right at the
     margin), or when there is no spread to project from."""
-    if not est.measurable or est.design != PAIRED or not math.isfinite(est.sd) or est.sd <= 0:
+    if not est.measurable or est.design not in (PAIRED, MODEL) or not math.isfinite(est.sd) or est.sd <= 0:
         return None
-    if est.n - 1 < MIN_DF_TO_PROJECT:
+    if est.df < MIN_DF_TO_PROJECT:
         return None  # an SD from 1 or 2 degrees of freedom is too loose to project from (docs/measurement.md)
     level = rule.alpha / max(comparisons, 1)
     d = abs(est.log_ratio)

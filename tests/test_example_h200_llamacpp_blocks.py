@@ -82,13 +82,20 @@ def test_pairing_gain_figures(repeats):
     assert round(per_request.loc[("ngram", 1), "paired_cv_pct"], 2) == 0.35
 
 
-def test_verdicts_paired_over_two_blocks_and_the_copy_called_nothing(report):
+def test_the_split_block_keeps_every_launch_and_the_copy_called_nothing(report):
+    """Block 1 split across two runs: every comparison uses all 3 launches of each config, unpaired (paired over the
+    2 shared blocks it had one degree of freedom and a throughput resolution of ±7,988 % at C = 64)."""
     text, cells, _ = report
     noise = json.loads((EXAMPLE / "report" / "noise.json").read_text())
     assert noise["blocks"] == 3 and noise["replicates"] == {"ar-copy": "ar"}
     assert [c["verdict"] for c in noise["replicate_check"]] == ["inconclusive", "inconclusive"]
     speedup = pd.read_csv(EXAMPLE / "report" / "speedup.csv")
-    assert (speedup["blocks"] == 2).all() and (speedup["verdict"] == "inconclusive").all()
+    assert (speedup["blocks"] == 3).all() and (speedup["verdict"] == "inconclusive").all()
+    assert (speedup["design"] == "unpaired launches").all()
+    assert speedup["df"].between(2.5, 4.0).all() and speedup["per_request_df"].between(2.0, 4.0).all()
+    assert "used every launch of both configs (3+ a side, Welch on the log launch means, df 2.6–4.0)" in text
+    assert "±20.9 % per user at C=1, ±23.4 % throughput at C=64" in text
+    assert "±20.9 % per user at C = 1, ±23.4 %" in (EXAMPLE / "README.md").read_text()
     assert "Replicate check: `ar-copy`, launched exactly like the baseline, was called different in none" in text
     assert set(cells["bottleneck"]) == {diagnosis.HOST}
     assert noise["split_blocks"] == [{"block": 1, "runs": {"20261201T140216-6060": ["ar-copy", "ngram"],

@@ -151,6 +151,24 @@ def adaptive_stop(look: dict) -> str:
             f"error rate, {100 * look['level']:.2g} % of the sweep's {100 * look['alpha']:.2g} %")
 
 
+def unpaired_clause(sweep: pd.DataFrame) -> str:
+    """What the unpaired comparisons of the sweep used: every launch of both configs, the fewest launches a side,
+    and the range of their degrees of freedom ("" where there are none)."""
+    if "design" not in sweep:
+        return ""
+    welch = sweep[sweep["design"] == decide.UNPAIRED]
+    dfs = pd.concat([pd.to_numeric(welch.get(c, pd.Series(dtype=float)), errors="coerce")
+                     for c in ("df", "per_request_df")]).dropna()
+    dfs = dfs[dfs > 0]
+    if welch.empty or dfs.empty:
+        return ""
+    n = int(pd.to_numeric(welch["blocks"], errors="coerce").min())
+    span = f"{dfs.min():.1f}" + (f"–{dfs.max():.1f}" if dfs.max() - dfs.min() >= 0.05 else "")
+    cells = f"{len(welch)} cell{'s' if len(welch) != 1 else ''}"
+    return (f"; the unpaired comparisons ({cells}) used every launch of both configs ({n}+ a side, Welch on the log "
+            f"launch means, df {span}) where pairing by block would have left a launch out")
+
+
 def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
     """What this sweep could have seen: its blocks and rounds, its rule, and the minimum detectable effect at the
     lowest and highest concurrency."""
@@ -165,9 +183,9 @@ def resolution(speedup: pd.DataFrame, design: dict) -> list[str]:
     used = pd.to_numeric(paired.get("blocks", pd.Series(dtype=float)), errors="coerce").dropna()
     if blocks and len(used) and used.min() < blocks:
         span = f"{int(used.min())}" + (f"–{int(used.max())}" if used.max() > used.min() else "")
-        made += (f"; the paired comparisons used {span} of the {blocks} blocks: a block pairs nothing where either "
-                 "config's launch was left out (beside a busy neighbour after its re-measures, or failed) or ran in "
-                 "another invocation of the pipeline")
+        made += (f"; the paired comparisons used {span} of the {blocks} blocks: neither config has a launch in the "
+                 "others (left out beside a busy neighbour after its re-measures, failed, or never run)")
+    made += unpaired_clause(sweep)
     measured = design.get("launches") or {}
     if not blocks:
         launches = "one launch per config, one config after another (recorded before the sweep was measured in blocks)"
@@ -229,12 +247,10 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
         parts = "; ".join(f"{', '.join(f'`{c}`' for c in cfgs)} in run `{run}`" for run, cfgs in runs)
         which = (f"Block {blocks[0]} was" if len(blocks) == 1 else
                  f"Blocks {', '.join(map(str, blocks[:-1]))} and {blocks[-1]} were each")
-        out.append(f"{which} measured in {len(runs)} runs ({parts}): {'its' if len(blocks) == 1 else 'their'} "
-                   "launches are not paired across them: a comparison of configs from different runs leaves "
-                   f"{'this block' if len(blocks) == 1 else 'these blocks'} out (and is unpaired where fewer than two "
-                   "common blocks are left). A run cut short and started again at once keeps its pairs when the "
-                   f"second invocation is given the first one's id, `SERVESWEEP_RUN={runs[0][0]} snakemake …` "
-                   "(docs/measurement.md, \"Blocks\").")
+        out.append(f"{which} measured in {len(runs)} runs ({parts}): across runs {'its' if len(blocks) == 1 else 'their'} "
+                   "launches are compared unpaired, every launch kept (Welch); a run resumed at once keeps its pairs "
+                   f"given the first one's id, `SERVESWEEP_RUN={runs[0][0]} snakemake …` (docs/measurement.md, "
+                   "\"Blocks\").")
     sweep = speedup[speedup["family"] == "sweep"] if "family" in speedup else speedup
     weak = sweep[sweep["design"].isin([decide.UNPAIRED, decide.ONE_LAUNCH])] if "design" in sweep else sweep.iloc[0:0]
     if len(weak):
@@ -252,9 +268,8 @@ def flags(design: dict, speedup: pd.DataFrame) -> list[str]:
                    "side and no interval. Measure the missing launches (the same `snakemake` command runs only what "
                    "is missing) to decide them")
         else:
-            why = ("their configs were measured in different runs of the pipeline (an edited or retried config), "
-                   "so drift between the runs is not cancelled. Run the baseline's blocks again beside them to pair "
-                   "them")
+            why = ("a launch of either config had no partner in its block, so each uses every launch of both, "
+                   "unpaired, and drift between launches is not cancelled; measure the missing launches to pair them")
         out.append(f"{len(weak)} of {len(sweep)} comparisons are not paired in time ({', '.join(kinds)}): "
                    + why + " (docs/measurement.md, \"Blocks\").")
     return [f"**Flags** — {' '.join(out)}", ""] if out else []
@@ -268,12 +283,10 @@ def lockstep_flags(cells: list[dict]) -> list[str]:
         waves, step = ((f"{few:.0f}", f"{100 / few:.0f} %") if round(few) == round(most) else
                        (f"{few:.0f}–{most:.0f}", f"{100 / most:.0f}–{100 / few:.0f} %"))
         out.append(f"**Users moved in lockstep** at {workload} C={c:g} "
-                   f"({', '.join(f'`{x}`' for x in sorted(group['config']))}): every window held {waves} whole waves "
-                   f"of turns, so its throughput moves in steps of a wave ({step}) "
-                   "whatever the server does, and is not decided there (per-user speed and latency are). A window "
-                   f"of {compare.LOCKSTEP_FEW_WAVES} waves, `matrix.measure.seconds` ≥ "
-                   f"{compare.LOCKSTEP_FEW_WAVES * period:.0f} at {period:.2f} s a wave, makes a step under 5 % "
-                   "(docs/measurement.md, \"Users in lockstep\").")
+                   f"({', '.join(f'`{x}`' for x in sorted(group['config']))}): {waves} whole waves a window, so "
+                   f"throughput moves in steps of {step} whatever the server does and is not decided there; "
+                   f"`matrix.measure.seconds` ≥ {compare.LOCKSTEP_FEW_WAVES * period:.0f} would hold "
+                   f"{compare.LOCKSTEP_FEW_WAVES} waves (docs/measurement.md, \"Users in lockstep\").")
     return out
 
 

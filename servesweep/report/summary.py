@@ -58,7 +58,7 @@ def margin_estimate(repeats: pd.DataFrame | None, best: dict, second: dict) -> d
         return est
     shift = math.log(scale)
     return decide.Estimate(est.ratio * scale, est.lo * scale, est.hi * scale, est.log_ratio + shift, est.se,
-                           est.df, est.n, est.design, est.sd)
+                           est.df, est.n, est.design, est.sd, est.launches)
 
 
 def slo_miss(slo: SLO, r) -> tuple[float, str]:
@@ -191,9 +191,10 @@ def _choice_lines(label: str, choice: dict, cost: dict) -> list[str]:
         verdict = ("no verdict: one launch per config (the interval, over rounds, leaves launch-to-launch variation "
                    "out)")
     else:
-        design = choice["estimate"].design if choice.get("estimate") is not None else ""
+        est = choice.get("estimate")
+        design = est.design if est is not None else ""
         verdict = (f"{rd.verdict_words(choice['verdict'], choice.get('blocks_to_decide'))} "
-                   f"({compare.design_words(design, choice['estimate'].n)}; one of the first screen's "
+                   f"({compare.design_words(design, est.n, est.launches)}; one of the first screen's "
                    f"{choice.get('family_size', 1)} margins, decided together)")
     return [line + f" {against} — {verdict}."]
 
