@@ -23,6 +23,7 @@ SMOKE = {
     "first_launch.py": [],
     "per_user_figure.py": [],
     "calibration_realistic.py": [],
+    "capacity_looks.py": [],
 }
 # script -> the test that runs it
 RUN_ELSEWHERE = {
