@@ -5,6 +5,8 @@ side, O'Brien–Fleming-type spending) and a Pocock-type spending of the same sh
     python3 benchmarks/capacity_looks.py                      # 200,000 probes per row (about 1 min)
     python3 benchmarks/capacity_looks.py --trials 20000 --settings 0.9:40:120
     python3 benchmarks/capacity_looks.py --smoke              # one setting, 2,000 probes (the tests)
+    python3 benchmarks/capacity_looks.py --settings 0.9:40:160 \
+        --recorded examples/h200-sglang-profile/runs/*/capacity_probes.csv   # recorded probes, decided again
 
 A probe is simulated as the bench job runs one (servesweep.bench.run_capacity): segments of ``min_requests``
 requests (or, with ``--spread``, a uniform number between that and (1 + spread) × it, as a window that holds more
@@ -133,6 +135,30 @@ def simulate(rule: str, required: float, min_requests: int, max_requests: int, p
             "undecided": float(np.mean(decision == 0)), "segments": float(np.mean(used))}
 
 
+def redecide(path: Path, required: float, min_requests: int, max_requests: int) -> list[str]:
+    """Table rows: each probe of a recorded ``capacity_probes.csv`` (one row per segment) decided again look by look,
+    under the old rule and the corrected one (saturation, which fails a probe whatever its counts, is not redone)."""
+    import pandas as pd
+
+    segments, out = pd.read_csv(path), []
+    for label, g in segments.groupby("probe", sort=False):
+        slo = label.split(":")[1]
+        n, good = g["requests"].cumsum().to_numpy(), g[f"slo_{slo}_good"].cumsum().to_numpy()
+        words = []
+        for rule in RULES[:2]:
+            decision, used, alpha = run_rule(rule, required, max_requests, n[None, :], good[None, :])
+            word = {1: "pass", -1: "fail", 0: "undecided"}[int(decision[0])]
+            stop = int(used[0]) - 1
+            more = " (would measure another segment)" if word == "undecided" and stop == len(g) - 1 \
+                and n[stop] < max_requests else ""
+            level = f", {alpha[0]:.2g} per side" if rule != "wilson-uncorrected" else ""
+            words.append(f"{word} at look {used[0]}{level}{more}")
+        out.append(f"| {path.parent.name} | {label} | {g['concurrency'].iloc[0]:g} | "
+                   f"{' + '.join(f'{int(x)}/{int(y)}' for x, y in zip(g[f'slo_{slo}_good'], g['requests']))} | "
+                   f"{words[0]} | {words[1]} |")
+    return out
+
+
 def wrong(p: float, required: float, shares: dict) -> str:
     """The wrong calls of a row: a pass below the required attainment, a fail above it, both at it."""
     if p < required:
@@ -150,9 +176,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--spread", type=float, default=0.0, help="segments hold min_requests × (1 … 1 + spread)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="one setting, 2,000 probes")
+    ap.add_argument("--recorded", type=Path, nargs="*", help="capacity_probes.csv of run folders: decide their "
+                    "probes again under both rules (with the first --settings), instead of simulating")
     args = ap.parse_args(argv)
     settings = [tuple(float(x) if i == 0 else int(x) for i, x in enumerate(s.split(":"))) for s in args.settings] \
         if args.settings else list(SETTINGS)
+    if args.recorded:
+        print(f"# python3 benchmarks/capacity_looks.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+        print("\n| run | probe | load | good/requests per segment | Wilson 95 % per look (old) | corrected |")
+        print("|---|---|---|---|---|---|")
+        for path in args.recorded:
+            print("\n".join(redecide(path, *settings[0])))
+        return
     trials = 2000 if args.smoke else args.trials
     if args.smoke:
         settings, args.rho = settings[:1], [0.0]

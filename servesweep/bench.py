@@ -395,6 +395,9 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
                          "(look %d of at most %d at %.2g per side, %.1f s)", sc.name, slo.name,
                          _shown(replace(key, repeat=0)), good, n, lo, hi, settings.required(slo), decision,
                          ", saturated" if full else "", segments, looks.planned, looks.alpha, probe.wall_s)
+                if decision == "undecided" and n < settings.max_requests:  # cut short: it closes no bracket
+                    stop = "budget"
+                    break
             result = search.result(sc.name, slo, now() - started, stop)
             log.info("%s", result.text())
             results.append(result.as_dict())

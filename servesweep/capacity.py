@@ -359,9 +359,10 @@ class CapacitySearch:
         self.probes.append(probe)
 
     def result(self, config: str, slo: SLO, wall_s: float, stop: str | None) -> "CapacityResult":
-        """The search's answer; ``stop``: why it stopped before its bracket closed (``budget``), or None."""
+        """The search's answer; ``stop``: why it stopped before its bracket closed, or with its last probe cut short
+        (``budget``), or None."""
         lo, hi = self.bracket()
-        closed = self.closed_bracket()
+        closed = self.closed_bracket() and stop is None
         if stop is None and not closed:
             stop = "max" if math.isnan(hi) else "tolerance"  # past max, or bisection can split no further
         at = next((p for p in self.probes if p.level == lo and p.sustained), None)

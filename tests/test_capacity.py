@@ -125,6 +125,15 @@ def test_past_max_is_not_converged():
     assert result.capacity == 16 and not result.converged and result.stop_reason == "max"
 
 
+def test_a_probe_cut_short_by_the_budget_leaves_the_search_not_converged():
+    search = cap.CapacitySearch(settings(start=1))
+    search.record(probe(1, "undecided"))            # the smallest load, its bracket closed by an undecided probe
+    assert search.closed_bracket()
+    cut = search.result("x", SLO("s", ttft_ms=1), 3.0, "budget")
+    assert not cut.converged and cut.stop_reason == "budget" and math.isnan(cut.capacity)
+    assert search.result("x", SLO("s", ttft_ms=1), 3.0, None).converged  # undecided at max_requests: decided
+
+
 def test_an_undecided_probe_is_not_sustained_and_a_pass_above_a_failure_is_ignored():
     search = cap.CapacitySearch(settings())
     for level, decision in ((1, "pass"), (2, "pass"), (4, "undecided"), (3, "pass")):
@@ -182,6 +191,30 @@ def test_the_corrected_looks_keep_wrong_calls_at_the_boundary_within_2_5_percent
     good_old = simulate("wilson-uncorrected", required, low, high, 1.0, trials=2000, seed=3)
     good_new = simulate("cp-obrien-fleming", required, low, high, 1.0, trials=2000, seed=3)
     assert good_old["pass"] == good_new["pass"] == 1.0 and good_new["segments"] > good_old["segments"]
+
+
+def test_recorded_probes_decided_again_the_old_rule_as_recorded_the_corrected_one_says_which_would_differ():
+    """The H200 example's probes (examples/h200-sglang-profile, recorded under the uncorrected rule): the simulation's
+    old rule gives every recorded decision back, and the corrected one leaves the four first probes whose one
+    segment held 48–65 requests, all good but one fail, undecided after their first look."""
+    import pandas as pd
+
+    from benchmarks.capacity_looks import redecide
+    from conftest import ROOT
+
+    example = ROOT / "examples" / "h200-sglang-profile"
+    rows = [r for cfg in ("ar", "ar-nograph") for r in redecide(example / "runs" / cfg / "capacity_probes.csv",
+                                                                  0.9, 40, 160)]
+    recorded = pd.read_csv(example / "report" / "capacity_probes.csv")
+    for row in rows:
+        cfg, label, old, new = (c.strip() for c in (row.split("|")[i] for i in (1, 2, 5, 6)))
+        _, slo, i = label.split(":")
+        want = recorded[(recorded.config == cfg) & (recorded.slo == slo) & (recorded.probe == int(i))]["decision"]
+        assert old.split()[0] == want.item(), row
+    changed = sorted(r.split("|")[2].strip() + "@" + r.split("|")[1].strip() for r in rows
+                     if r.split("|")[5].split()[0] != r.split("|")[6].split()[0])
+    assert changed == ["capacity:interactive:0@ar", "capacity:interactive:0@ar-nograph", "capacity:server:0@ar",
+                       "capacity:server:0@ar-nograph"]
 
 
 def test_tables_and_prices_from_the_run_metas():
@@ -300,8 +333,11 @@ def test_a_budget_too_small_says_not_converged(tmp_path):
     (search,) = meta["capacity"]["searches"]
     assert not search["converged"] and search["stop_reason"] == "budget", search
     assert 1 <= len(search["probes"]) < 4
-    # what it did find is still a sustained load at or below the truth
-    assert search["capacity"] <= 3
+    # what it did find is still a sustained load at or below the truth; a probe the budget cut short is undecided
+    # and closes no bracket (C = 1 cut short once said "converged, nothing sustained")
+    assert math.isnan(search["capacity"]) or search["capacity"] <= 3
+    last = search["probes"][-1]
+    assert last["decision"] != "undecided" or last["requests"] < 64
 
 
 def test_an_open_loop_rate_past_the_service_rate_is_stopped_as_saturated(tmp_path):
