@@ -28,7 +28,7 @@ def _error_control(rules: set) -> str:
         words.append(f"each probe's chance of a wrong pass, and of a wrong fail, at most {100 * SIDE_ALPHA:g} % "
                      "over its looks (exact binomial intervals, O'Brien–Fleming-type alpha spending)")
     if rules - {DECISION_RULE}:
-        words.append("probes recorded before that correction were decided on a Wilson 95 % interval after each "
+        words.append("probes recorded before the looks were corrected: decided on a Wilson 95 % interval after each "
                      "segment, uncorrected for the repeated looks")
     return "; ".join(words)
 
