@@ -354,6 +354,7 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
                     stop = "budget"
                     break
                 probe_started, good, n, segments, rows = now(), 0, 0, 0, []
+                looks = capacity_mod.Looks.for_settings(settings)  # each look spends its share of the error
                 while True:
                     tag += 1
                     source = get_workload(settings.workload).for_cell(sources[(settings.workload, ctx)],
@@ -368,30 +369,35 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
                     g, m = capacity_mod.good_requests(row.records, slo)
                     good, n, segments = good + g, n + m, segments + 1
                     t0, t1 = row.columns["window_start"], row.columns["window_end"]
-                    row.columns.update(probe=label,
-                                       concurrency_reached=capacity_mod.concurrency_reached(row.records, t0, t1))
-                    writer.add_probe_segment(row.as_row())
-                    rows.append(row.columns)
-                    decision, lo, hi = capacity_mod.decide(good, n, settings.required(slo))
+                    decision, lo, hi = looks.decide(good, n, settings.required(slo))
                     full = capacity_mod.saturated(row.records, slo, settings.saturation_rise)
                     if full:
                         decision = "fail"
+                    row.columns.update(probe=label, look=looks.count, look_alpha=looks.alpha, attainment_lo=lo,
+                                       attainment_hi=hi, look_decision=decision,
+                                       concurrency_reached=capacity_mod.concurrency_reached(row.records, t0, t1))
+                    writer.add_probe_segment(row.as_row())
+                    rows.append(row.columns)
                     out_of_time = now() - started > settings.budget_s  # undecided then, and the search stops
                     if decision != "undecided" or n >= settings.max_requests or out_of_time:
                         break
                 probe = capacity_mod.Probe(
                     level=level, good=good, requests=n, attainment=good / n if n else math.nan, attainment_lo=lo,
                     attainment_hi=hi, decision=decision, saturated=full, segments=segments,
-                    wall_s=now() - probe_started,
+                    wall_s=now() - probe_started, looks_planned=looks.planned, look_alpha=looks.alpha,
+                    alpha_spent=looks.spent,
                     **{k: statistics.fmean(r.get(c, math.nan) for r in rows) for k, c in (
                         ("goodput_rps", f"goodput_{slo.name}_rps"), ("output_tok_s", "agg_output_tok_s"),
                         ("request_s", "request_s"), ("concurrency_reached", "concurrency_reached"),
                         ("achieved_rps", "achieved_arrival_rps"))})
                 search.record(probe)
                 log.info("[%s] capacity probe under %s at %s: %d/%d good, attainment [%.3f, %.3f] vs %.3f: %s%s "
-                         "(%d segment(s), %.1f s)", sc.name, slo.name, _shown(replace(key, repeat=0)), good, n, lo,
-                         hi, settings.required(slo), decision, ", saturated" if full else "", segments,
-                         probe.wall_s)
+                         "(look %d of at most %d at %.2g per side, %.1f s)", sc.name, slo.name,
+                         _shown(replace(key, repeat=0)), good, n, lo, hi, settings.required(slo), decision,
+                         ", saturated" if full else "", segments, looks.planned, looks.alpha, probe.wall_s)
+                if decision == "undecided" and n < settings.max_requests:  # cut short: it closes no bracket
+                    stop = "budget"
+                    break
             result = search.result(sc.name, slo, now() - started, stop)
             log.info("%s", result.text())
             results.append(result.as_dict())

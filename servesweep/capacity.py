@@ -5,12 +5,15 @@ last passing and the first failing load until they lie within ``tolerance`` of e
 closed-loop concurrency or open-loop request rate (``load``). It stops early, *not converged*, when the next probe
 would not fit its time budget, or when the largest load allowed (``max``) still passes.
 
-A probe is measured in segments, each a window like any cell's (:func:`servesweep.bench.run_cell`). Its decision
-(:func:`decide`) is the Wilson 95 % interval of its attainment — the share of its measured requests within every
-limit of the target, pooled over its segments — against the required attainment: at or above it, the load is
-sustained; below it, it is not; straddling it, the probe is too close to call and gets another segment, until
-``max_requests`` (then it is *undecided*, and counts as not sustained: the capacity is the largest load *shown* to
-meet the target). A probe whose requests' delay rises through its window (:func:`saturated`) stops at once and fails.
+A probe is measured in segments, each a window like any cell's (:func:`servesweep.bench.run_cell`), and looks at
+its attainment — the share of its measured requests within every limit of the target, pooled over its segments —
+after each (:class:`Looks`): the exact (Clopper–Pearson) interval at the look's share of the error against the
+required attainment. At or above it, the load is sustained; below it, it is not; straddling it, the probe is too
+close to call and gets another segment, until ``max_requests`` (then it is *undecided*, and counts as not sustained:
+the capacity is the largest load *shown* to meet the target). Each side (a wrong pass, a wrong fail) may spend 2.5 %
+over all of a probe's looks, by an O'Brien–Fleming-type spending function over the most looks the settings allow, so
+looking again after every segment does not raise the error (benchmarks/capacity_looks.py). A probe whose requests'
+delay rises through its window (:func:`saturated`) stops at once and fails.
 
 The library side only: :func:`servesweep.bench.run_capacity` measures the probes against a running server.
 """
@@ -21,8 +24,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping
 
+from servesweep.decide import spending
 from servesweep.slo import SLO
-from servesweep.stats import request_timings, wilson_ci95
+from servesweep.stats import clopper_pearson, request_timings
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,6 +35,14 @@ LOADS = ("concurrency", "rate")
 DECISIONS = ("pass", "fail", "undecided")
 # A rate search whose start fails halves the rate this many times before it says nothing was sustained.
 RATE_HALVINGS = 4
+# The most often a probe may wrongly pass (its true attainment below the required one), and wrongly fail, over all
+# its looks: the one-sided error of the 95 % interval a probe was decided on before its looks were corrected.
+SIDE_ALPHA = 0.025
+# The rule a probe was decided under, as recorded with it (capacity_probes.csv ``decision_rule``).
+DECISION_RULE = "clopper-pearson, O'Brien-Fleming spending, 2.5 % per side over the looks"
+# Probes recorded before the rule above (their meta.json has no ``decision_rule``): Wilson 95 % after each segment,
+# no correction for the repeated looks. They keep the decision they were recorded with.
+RECORDED_RULE = "wilson 95 % per look, uncorrected"
 
 
 @dataclass(frozen=True)
@@ -125,30 +137,102 @@ def problems(section: Mapping, config: Mapping) -> list[tuple[str, str, str]]:
     if section["min_requests"] > section["max_requests"]:
         out.append(("capacity.min_requests", f"{section['min_requests']} is above capacity.max_requests "
                     f"{section['max_requests']}", "let a probe measure at least one segment's requests"))
-    if section.get("attainment") is None:
-        # The Wilson interval of n/n good requests reaches p only from n ≥ z²·p/(1−p): p99 needs about 380.
-        for name, spec in (config.get("slo") or {}).items():
-            p = int(spec.get("percentile", 99)) / 100.0
-            need = math.ceil(3.8415 * p / (1 - p))
-            if (not section.get("slos") or name in section["slos"]) and need > section["max_requests"]:
-                out.append(("capacity.max_requests", f"{section['max_requests']} requests can never show target "
-                            f"'{name}' met at attainment {p:g} (its Wilson interval needs ≥ {need} requests, all "
-                            "good)", f"raise capacity.max_requests to {need} or more, or set capacity.attainment "
-                            "(e.g. 0.9)"))
+    low, high, given = int(section["min_requests"]), int(section["max_requests"]), section.get("attainment")
+    required: dict[float, list[str]] = {}  # attainment -> the targets searched at it
+    for name, spec in (config.get("slo") or {}).items():
+        if not section.get("slos") or name in section["slos"]:
+            p = float(given) if given is not None else int(spec.get("percentile", 99)) / 100.0
+            required.setdefault(p, []).append(f"'{name}'")
+    for p, names in required.items():
+        if low <= high and not can_pass(p, low, high):
+            lower = "lower capacity.attainment" if given is not None else "set capacity.attainment (e.g. 0.9)"
+            out.append(("capacity.max_requests", f"{high} requests can never show target {', '.join(names)} met at "
+                        f"attainment {p:g}: even with every request good, no look of a probe (segments of {low}) "
+                        "has its exact interval above it", f"raise capacity.max_requests to "
+                        f"{least_max_requests(p, low, high)} or more, or {lower}"))
     return out
 
 
-def decide(good: int, n: int, required: float) -> tuple[str, float, float]:
-    """(decision, lo, hi): the Wilson 95 % interval [lo, hi] of attainment ``good``/``n`` against ``required`` —
-    ``pass`` when lo ≥ required, ``fail`` when hi < required, else ``undecided``."""
-    lo, hi = wilson_ci95(good, n)
+def planned_looks(min_requests: int, max_requests: int) -> int:
+    """The most looks a probe can take: one after each segment, each of at least ``min_requests`` requests, until
+    ``max_requests``."""
+    return max(1, math.ceil(max_requests / max(min_requests, 1)))
+
+
+def look_alpha(n: int, max_requests: int, spent: float, side_alpha: float = SIDE_ALPHA) -> float:
+    """The error each side of a look after ``n`` requests may spend, ``spent`` having gone to the probe's earlier
+    looks: the increment of the O'Brien–Fleming-type spending function (:func:`servesweep.decide.spending`, one
+    side of it) at the information fraction n / ``max_requests`` (Lan–DeMets: a segment holding more requests than
+    planned spends more); the probe's last look (n ≥ ``max_requests``) spends what is left. The increments add up to
+    ``side_alpha``, so a probe stopped at any look errs on a side at most that often (a Bonferroni bound over its
+    looks, each look's interval being exact)."""
     if n <= 0:
+        return 0.0
+    if n >= max_requests:
+        return max(side_alpha - spent, 0.0)
+    return max(spending(n / max_requests, 2 * side_alpha) / 2 - spent, 0.0)
+
+
+def can_pass(required: float, min_requests: int, max_requests: int, side_alpha: float = SIDE_ALPHA) -> bool:
+    """Whether a probe whose requests are all good passes at some look when each segment holds ``min_requests``
+    (the planned looks; the exact lower bound of n/n good at level alpha is alpha^(1/n))."""
+    planned, spent = planned_looks(min_requests, max_requests), 0.0
+    for k in range(1, planned + 1):
+        n = min(k * min_requests, max_requests)
+        alpha = look_alpha(n, max_requests, spent, side_alpha)
+        spent += alpha
+        if alpha > 0 and alpha ** (1 / n) >= required:
+            return True
+    return False
+
+
+def least_max_requests(required: float, min_requests: int, above: int = 0, side_alpha: float = SIDE_ALPHA) -> int:
+    """The least ``max_requests`` above ``above`` with which an all-good probe can pass (:func:`can_pass`); none
+    fewer than one look at the whole ``side_alpha`` needs, log(alpha) / log(required)."""
+    if required >= 1:
+        raise ValueError("an attainment of 1 is never shown by a finite probe")
+    n = max(above + 1, math.ceil(math.log(side_alpha) / math.log(required)))
+    while not can_pass(required, min_requests, n, side_alpha):
+        n += 1
+    return n
+
+
+def decide(good: int, n: int, required: float, alpha: float = SIDE_ALPHA) -> tuple[str, float, float]:
+    """(decision, lo, hi): the Clopper–Pearson bounds [lo, hi] of attainment ``good``/``n``, each one-sided at
+    ``alpha`` (one look's share, :class:`Looks`), against ``required`` — ``pass`` when lo ≥ required, ``fail`` when
+    hi < required, else ``undecided``."""
+    lo, hi = clopper_pearson(good, n, alpha)
+    if n <= 0 or alpha <= 0:
         return "undecided", lo, hi
     if lo >= required:
         return "pass", lo, hi
     if hi < required:
         return "fail", lo, hi
     return "undecided", lo, hi
+
+
+@dataclass
+class Looks:
+    """A probe's sequential decision: one look after each segment (:meth:`decide`), each spending its share of
+    ``side_alpha`` per side (:func:`look_alpha`); at most ``planned`` of them (:func:`planned_looks`), recorded."""
+
+    planned: int
+    max_requests: int
+    side_alpha: float = SIDE_ALPHA
+    count: int = 0
+    spent: float = 0.0
+    alpha: float = 0.0  # the last look's level per side
+
+    @classmethod
+    def for_settings(cls, settings: "CapacitySettings") -> "Looks":
+        return cls(planned_looks(settings.min_requests, settings.max_requests), settings.max_requests)
+
+    def decide(self, good: int, n: int, required: float) -> tuple[str, float, float]:
+        """The next look at ``good`` of ``n`` requests so far: :func:`decide` at this look's level."""
+        self.count += 1
+        self.alpha = look_alpha(n, self.max_requests, self.spent, self.side_alpha)
+        self.spent += self.alpha
+        return decide(good, n, required, self.alpha)
 
 
 def good_requests(records: list[dict], slo: SLO) -> tuple[int, int]:
@@ -217,6 +301,10 @@ class Probe:
     request_s: float = math.nan
     concurrency_reached: float = math.nan
     achieved_rps: float = math.nan
+    looks_planned: int = 0  # the most looks (segments) the probe could take; it took ``segments``
+    look_alpha: float = math.nan  # the error per side its last look spent; its interval is at that level
+    alpha_spent: float = math.nan  # per side, over its looks
+    decision_rule: str = DECISION_RULE
 
     @property
     def sustained(self) -> bool:
@@ -271,9 +359,10 @@ class CapacitySearch:
         self.probes.append(probe)
 
     def result(self, config: str, slo: SLO, wall_s: float, stop: str | None) -> "CapacityResult":
-        """The search's answer; ``stop``: why it stopped before its bracket closed (``budget``), or None."""
+        """The search's answer; ``stop``: why it stopped before its bracket closed, or with its last probe cut short
+        (``budget``), or None."""
         lo, hi = self.bracket()
-        closed = self.closed_bracket()
+        closed = self.closed_bracket() and stop is None
         if stop is None and not closed:
             stop = "max" if math.isnan(hi) else "tolerance"  # past max, or bisection can split no further
         at = next((p for p in self.probes if p.level == lo and p.sustained), None)
@@ -289,7 +378,7 @@ class CapacitySearch:
             concurrency_reached=at.concurrency_reached if at else math.nan,
             output_tok_s=at.output_tok_s if at else math.nan, goodput_rps=at.goodput_rps if at else math.nan,
             request_s=at.request_s if at else math.nan,
-            undecided=sum(p.decision == "undecided" for p in self.probes))
+            undecided=sum(p.decision == "undecided" for p in self.probes), decision_rule=DECISION_RULE)
 
 
 @dataclass
@@ -319,6 +408,7 @@ class CapacityResult:
     goodput_rps: float = math.nan
     request_s: float = math.nan
     undecided: int = 0
+    decision_rule: str = DECISION_RULE
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -344,7 +434,7 @@ def _num(x: float) -> str:
 RESULT_COLUMNS = ("load", "capacity", "bracket_lo", "bracket_hi", "bracket_hi_decision", "bracket_hi_attainment_lo",
                   "bracket_hi_attainment_hi", "required_attainment", "attainment_lo", "attainment_hi", "concurrency_reached", "request_s", "goodput_rps", "agg_output_tok_s",
                   "output_tok_s_per_gpu", "gpu_count", "gpu_cost_per_m_tokens", "converged", "stop_reason", "probes",
-                  "undecided", "wall_s")
+                  "undecided", "wall_s", "decision_rule")
 
 
 def tables(metas: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -360,6 +450,7 @@ def tables(metas: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
             row = {"config": search["config"], "slo": search["slo"],
                    **{k: search.get(k) for k in RESULT_COLUMNS if k in search}}
             row.update(agg_output_tok_s=search.get("output_tok_s"), gpu_count=gpus, probes=len(search["probes"]))
+            row.setdefault("decision_rule", RECORDED_RULE)  # recorded before the looks were corrected: as decided
             if "bracket_hi_decision" not in search:  # a search recorded before these columns: read its probes
                 above = next((p for p in search["probes"] if p["level"] == search["bracket_hi"]
                               and p["decision"] != "pass"), None)
@@ -369,7 +460,7 @@ def tables(metas: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
             rows.append(row)
             for i, p in enumerate(search["probes"]):
                 probes.append({"config": search["config"], "slo": search["slo"], "load": search["load"],
-                               "probe": i, **p, "capacity": search.get("capacity")})
+                               "probe": i, "decision_rule": RECORDED_RULE, **p, "capacity": search.get("capacity")})
     columns = ["config", "slo", *RESULT_COLUMNS]
     return pd.DataFrame(rows, columns=[c for c in columns if c not in ("output_tok_s_per_gpu",
                                                                         "gpu_cost_per_m_tokens")]), \

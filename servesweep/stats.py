@@ -377,6 +377,20 @@ def wilson_ci95(good: int, n: int, confidence: float = CONFIDENCE) -> tuple[floa
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def clopper_pearson(good: int, n: int, alpha: float) -> tuple[float, float]:
+    """Clopper–Pearson (exact binomial) bounds of a proportion ``good`` / ``n``, each one-sided at level ``alpha``:
+    the true proportion lies below ``lo`` with probability at most ``alpha``, and above ``hi`` likewise, for every
+    true proportion and every n (the interval [lo, hi] covers it with at least 1 − 2·alpha). (NaN, NaN) for n = 0;
+    (0, 1) for alpha 0."""
+    if n <= 0:
+        return math.nan, math.nan
+    if alpha <= 0:
+        return 0.0, 1.0
+    lo = 0.0 if good <= 0 else float(sps.beta.ppf(alpha, good, n - good + 1))
+    hi = 1.0 if good >= n else float(sps.beta.ppf(1 - alpha, good + 1, n - good))
+    return lo, hi
+
+
 def goodput_stats(records: list[dict], t_start: float, t_end: float, slos) -> dict:
     """Per target (``servesweep.slo.SLO``): the measured requests (sent inside the window) that were good under
     vLLM's rule (``SLO.request_good``; a failed request is never good), as ``slo_<name>_good``; goodput

@@ -24,6 +24,7 @@ SMOKE = {
     "per_user_figure.py": [],
     "calibration_realistic.py": [],
     "calibration_splitblocks.py": [],
+    "capacity_looks.py": [],
 }
 # script -> the test that runs it
 RUN_ELSEWHERE = {

@@ -31,17 +31,64 @@ def run_search(s: cap.CapacitySettings, sustained, limit: int = 100) -> cap.Capa
 
 @pytest.mark.parametrize("good,n,want", [(40, 40, "pass"), (20, 20, "undecided"), (30, 40, "fail"),
                                          (36, 40, "undecided"), (0, 0, "undecided")])
-def test_decide_is_the_wilson_interval_against_the_required_attainment(good, n, want):
-    decision, lo, hi = cap.decide(good, n, 0.9)
+def test_decide_is_the_exact_interval_against_the_required_attainment(good, n, want):
+    decision, lo, hi = cap.decide(good, n, 0.9)   # one look spending the whole 2.5 % per side
     assert decision == want
     if n:
         assert lo <= good / n <= hi
 
 
-def test_decide_needs_about_z2_p_over_1_minus_p_requests_all_good():
-    # all good: the Wilson lower bound is n / (n + z²), so 0.9 needs n ≥ 35 and 0.99 needs n ≥ 381
-    assert cap.decide(34, 34, 0.9)[0] == "undecided" and cap.decide(35, 35, 0.9)[0] == "pass"
-    assert cap.decide(380, 380, 0.99)[0] == "undecided" and cap.decide(381, 381, 0.99)[0] == "pass"
+def test_decide_needs_log_alpha_over_log_p_requests_all_good():
+    # all good, the exact lower bound at one-sided 2.5 % is 0.025^(1/n): 0.9 needs n ≥ 36, 0.99 needs n ≥ 368
+    assert cap.decide(35, 35, 0.9)[0] == "undecided" and cap.decide(36, 36, 0.9)[0] == "pass"
+    assert cap.decide(367, 367, 0.99)[0] == "undecided" and cap.decide(368, 368, 0.99)[0] == "pass"
+    assert cap.decide(40, 40, 0.9)[1] == pytest.approx(0.025 ** (1 / 40))
+
+
+def _upper_tail(z: float) -> float:
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def test_looks_spend_2_5_percent_per_side_by_obrien_fleming_and_look_1_no_longer_passes_40_of_40():
+    # segments of 40, at most 120 requests (config/cpu-capacity.yaml): three looks, at 1/3, 2/3 and all of it
+    s = settings(min_requests=40, max_requests=120)
+    looks = cap.Looks.for_settings(s)
+    assert looks.planned == 3
+    z = 1.959963984540054   # one side of 2.5 %
+    first = _upper_tail(z * math.sqrt(3))                          # 2.5 % spent by 1/3: 1 − Φ(z / √(1/3))
+    second = _upper_tail(z * math.sqrt(3 / 2)) - first
+    # 40 of 40 good passed the uncorrected Wilson 95 % at look 1 (lower bound 40 / (40 + z²) = 0.912 ≥ 0.9)
+    from servesweep.stats import wilson_ci95
+
+    assert wilson_ci95(40, 40)[0] >= 0.9
+    decision, lo, _ = looks.decide(40, 40, 0.9)
+    assert looks.alpha == pytest.approx(first, rel=1e-9) and first == pytest.approx(3.43e-4, rel=0.01)
+    assert decision == "undecided" and lo == pytest.approx(first ** (1 / 40)) and lo < 0.9
+    decision, lo, _ = looks.decide(80, 80, 0.9)
+    assert looks.alpha == pytest.approx(second, rel=1e-9) and decision == "pass" and lo >= 0.9
+    # the last look (max_requests reached) spends what is left: 2.5 % in all
+    decision, _, _ = looks.decide(108, 120, 0.9)
+    assert looks.spent == pytest.approx(0.025) and looks.alpha == pytest.approx(0.025 - first - second)
+    assert decision == "undecided" and cap.decide(108, 120, 0.9)[0] == "undecided"
+    # a look past the last has nothing left to spend and decides nothing
+    assert looks.decide(0, 160, 0.9)[0] == "undecided" and looks.alpha == 0
+    # a first segment holding more requests than planned spends more (information fraction 100 / 120)
+    big = cap.Looks.for_settings(s)
+    big.decide(100, 100, 0.9)
+    assert big.alpha == pytest.approx(_upper_tail(z / math.sqrt(100 / 120)), rel=1e-9)
+
+
+def test_the_least_requests_that_can_pass_under_the_corrected_looks():
+    # with segments of 20, a p99 target needs 639 requests, all good (381 under the uncorrected Wilson look)
+    assert cap.least_max_requests(0.99, 20) == 639
+    assert cap.can_pass(0.99, 20, 639) and not cap.can_pass(0.99, 20, 638) and not cap.can_pass(0.99, 20, 381)
+    for max_requests, passes in ((639, True), (638, False)):   # the probe's own looks agree, segment by segment
+        looks, decision = cap.Looks(cap.planned_looks(20, max_requests), max_requests), "undecided"
+        for n in range(20, max_requests + 20, 20):
+            decision = looks.decide(min(n, max_requests), min(n, max_requests), 0.99)[0]
+            if decision != "undecided" or n >= max_requests:
+                break
+        assert (decision == "pass") == passes
 
 
 @pytest.mark.parametrize("truth", [1, 2, 3, 7, 12, 100, 255])
@@ -76,6 +123,15 @@ def test_past_max_is_not_converged():
     result = search.result("x", SLO("s", ttft_ms=1), 1.0, None)
     assert [p.level for p in search.probes] == [1, 2, 4, 8, 16]
     assert result.capacity == 16 and not result.converged and result.stop_reason == "max"
+
+
+def test_a_probe_cut_short_by_the_budget_leaves_the_search_not_converged():
+    search = cap.CapacitySearch(settings(start=1))
+    search.record(probe(1, "undecided"))            # the smallest load, its bracket closed by an undecided probe
+    assert search.closed_bracket()
+    cut = search.result("x", SLO("s", ttft_ms=1), 3.0, "budget")
+    assert not cut.converged and cut.stop_reason == "budget" and math.isnan(cut.capacity)
+    assert search.result("x", SLO("s", ttft_ms=1), 3.0, None).converged  # undecided at max_requests: decided
 
 
 def test_an_undecided_probe_is_not_sustained_and_a_pass_above_a_failure_is_ignored():
@@ -119,6 +175,48 @@ def test_concurrency_reached_counts_requests_in_flight_over_the_window():
     assert cap.concurrency_reached(recs, 0.0, 10.0) == pytest.approx((10 + 5 + 0.5) / 10)
 
 
+@pytest.mark.parametrize("required,low,high", [(0.9, 20, 200), (0.8, 16, 64)])
+def test_the_corrected_looks_keep_wrong_calls_at_the_boundary_within_2_5_percent_where_the_old_rule_did_not(
+        required, low, high):
+    """benchmarks/capacity_looks.py, small: probes whose true attainment is exactly the required one, requests
+    independent; the corrected rule is the library's (the script checks its decisions against ``Looks``)."""
+    from benchmarks.capacity_looks import simulate
+
+    old = simulate("wilson-uncorrected", required, low, high, required, trials=20000, seed=3)
+    new = simulate("cp-obrien-fleming", required, low, high, required, trials=20000, seed=3)
+    # the old rule's fail side errs 7–13 % (20,000 probes: standard error 0.2 %)
+    assert max(old["pass"], old["fail"]) > 0.05, old
+    assert new["pass"] <= 0.025 and new["fail"] <= 0.025, new
+    # the price: more segments before a decision where every request is good
+    good_old = simulate("wilson-uncorrected", required, low, high, 1.0, trials=2000, seed=3)
+    good_new = simulate("cp-obrien-fleming", required, low, high, 1.0, trials=2000, seed=3)
+    assert good_old["pass"] == good_new["pass"] == 1.0 and good_new["segments"] > good_old["segments"]
+
+
+def test_recorded_probes_decided_again_the_old_rule_as_recorded_the_corrected_one_says_which_would_differ():
+    """The H200 example's probes (examples/h200-sglang-profile, recorded under the uncorrected rule): the simulation's
+    old rule gives every recorded decision back, and the corrected one leaves the four first probes whose one
+    segment held 48–65 requests, all good but one fail, undecided after their first look."""
+    import pandas as pd
+
+    from benchmarks.capacity_looks import redecide
+    from conftest import ROOT
+
+    example = ROOT / "examples" / "h200-sglang-profile"
+    rows = [r for cfg in ("ar", "ar-nograph") for r in redecide(example / "runs" / cfg / "capacity_probes.csv",
+                                                                  0.9, 40, 160)]
+    recorded = pd.read_csv(example / "report" / "capacity_probes.csv")
+    for row in rows:
+        cfg, label, old, new = (c.strip() for c in (row.split("|")[i] for i in (1, 2, 5, 6)))
+        _, slo, i = label.split(":")
+        want = recorded[(recorded.config == cfg) & (recorded.slo == slo) & (recorded.probe == int(i))]["decision"]
+        assert old.split()[0] == want.item(), row
+    changed = sorted(r.split("|")[2].strip() + "@" + r.split("|")[1].strip() for r in rows
+                     if r.split("|")[5].split()[0] != r.split("|")[6].split()[0])
+    assert changed == ["capacity:interactive:0@ar", "capacity:interactive:0@ar-nograph", "capacity:server:0@ar",
+                       "capacity:server:0@ar-nograph"]
+
+
 def test_tables_and_prices_from_the_run_metas():
     search = run_search(settings(), lambda c: c <= 3)
     for p in search.probes:
@@ -132,7 +230,17 @@ def test_tables_and_prices_from_the_run_metas():
     assert row["output_tok_s_per_gpu"] == pytest.approx(150.0)
     assert row["gpu_cost_per_m_tokens"] == pytest.approx(3.6 * 2 / (3600 * 300) * 1e6)
     assert len(probes) == len(search.probes) and set(probes["decision"]) == {"pass", "fail"}
+    assert set(probes["decision_rule"]) == {cap.DECISION_RULE} and row["decision_rule"] == cap.DECISION_RULE
     json.dumps(result)  # meta.json holds it
+    # a search recorded before the looks were corrected keeps its decisions, and says which rule made them
+    old = json.loads(json.dumps(result))
+    del old["decision_rule"]
+    for p in old["probes"]:
+        for key in ("decision_rule", "looks_planned", "look_alpha", "alpha_spent"):
+            del p[key]
+    found, probes = cap.tables([{"capacity": {"gpu_count": 1, "searches": [old]}}])
+    assert set(found["decision_rule"]) == set(probes["decision_rule"]) == {cap.RECORDED_RULE}
+    assert list(probes["decision"]) == [p.decision for p in search.probes]
 
 
 def test_config_check_names_the_key_and_the_fix():
@@ -144,8 +252,13 @@ def test_config_check_names_the_key_and_the_fix():
     assert keys == {"capacity.configs", "capacity.slos", "capacity.start", "capacity.ctx"}
     section = {**section, "configs": [], "slos": [], "start": 1, "max": 8, "ctx": None}
     (key, problem, fix), = cap.problems(section, config)
-    assert key == "capacity.max_requests" and "381" in fix
+    assert key == "capacity.max_requests" and "'fast'" in problem
+    assert fix == "raise capacity.max_requests to 639 or more, or set capacity.attainment (e.g. 0.9)"
     assert cap.problems({**section, "attainment": 0.9}, config) == []
+    # a given attainment is checked too: 0.9 in segments of 20 needs 37 requests
+    (key, _, fix), = cap.problems({**section, "attainment": 0.9, "min_requests": 20, "max_requests": 30}, config)
+    assert key == "capacity.max_requests" and fix == ("raise capacity.max_requests to 37 or more, or lower "
+                                                       "capacity.attainment")
     assert cap.problems({"enabled": False}, config) == []
 
 
@@ -205,6 +318,11 @@ def test_search_finds_the_true_capacity_of_the_truth_server(tmp_path, slots):
     probes = pd.read_csv(paths.cells_csv.parent / "capacity_probes.csv")
     assert probes["probe"].nunique() == len(search["probes"])
     assert len(probes) == sum(p["segments"] for p in search["probes"])
+    # each segment is a look at its share of the error; each probe planned 64 / 16 = 4 looks and spent ≤ 2.5 %
+    assert all(p["looks_planned"] == 4 and p["alpha_spent"] <= 0.025 + 1e-12 and p["segments"] <= 4
+               and p["decision_rule"] == cap.DECISION_RULE for p in search["probes"]), search["probes"]
+    for label, g in probes.groupby("probe"):
+        assert list(g["look"]) == list(range(1, len(g) + 1)) and g["look_alpha"].sum() <= 0.025 + 1e-12
     tagged = [json.loads(line) for line in paths.requests_jsonl.read_text().splitlines()]
     tagged = [r for r in tagged if r.get("probe")]
     assert sum(r["phase"] == "measured" for r in tagged) == sum(p["requests"] for p in search["probes"])
@@ -215,8 +333,11 @@ def test_a_budget_too_small_says_not_converged(tmp_path):
     (search,) = meta["capacity"]["searches"]
     assert not search["converged"] and search["stop_reason"] == "budget", search
     assert 1 <= len(search["probes"]) < 4
-    # what it did find is still a sustained load at or below the truth
-    assert search["capacity"] <= 3
+    # what it did find is still a sustained load at or below the truth; a probe the budget cut short is undecided
+    # and closes no bracket (C = 1 cut short once said "converged, nothing sustained")
+    assert math.isnan(search["capacity"]) or search["capacity"] <= 3
+    last = search["probes"][-1]
+    assert last["decision"] != "undecided" or last["requests"] < 64
 
 
 def test_an_open_loop_rate_past_the_service_rate_is_stopped_as_saturated(tmp_path):
@@ -254,6 +375,11 @@ def test_first_screen_ranks_capacity_per_gpu_and_the_chart_draws_the_probes(tmp_
     assert ranked == ["one", "two", "cheap"]     # 6, 4, 2 (past its max) per GPU
     assert "**C = 8** (C = 4 per GPU) per server — bracket [C = 8, first failing C = 9, attainment [" in text
     assert "**not converged** (still passing at the max)" in text and "GPU cost per M output tokens EUR" in text
+    assert "wrong pass, and of a wrong fail, at most 2.5 % over its looks" in text and "uncorrected" not in text
+    assert "(exact, at its last look's level) against 0.9 required" in text
+    recorded = capacity_lines(cap.priced(found, {}).assign(decision_rule=cap.RECORDED_RULE))
+    assert "(Wilson 95 %) against 0.9 required" in "\n".join(recorded)
+    assert "uncorrected for the repeated looks" in recorded[0] and "at most 2.5 %" not in recorded[0]
     assert chart("goodput_vs_load").applies_to({"capacity_probes": probes})
     assert not chart("goodput_vs_load").applies_to({"capacity_probes": None})
     save_chart(capacity_chart(probes), tmp_path / "c.png", tmp_path / "c.svg")
