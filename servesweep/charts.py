@@ -69,13 +69,17 @@ def throughput_chart(cells: pd.DataFrame) -> alt.Chart:
     toggle = legend_toggle()
     base = alt.Chart(data).encode(x=concurrency_axis(data["concurrency"]), color=alt.Color("config:N"),
                                   opacity=faded_unless(toggle))
-    line = base.mark_line(point=True).encode(
-        y=alt.Y("agg_output_tok_s:Q", title="output tok/s (measured window)"),
-        tooltip=["config", "prompts", "concurrency", alt.Tooltip("agg_output_tok_s:Q", format=".1f"),
-                 alt.Tooltip("lo:Q", title="95 % low", format=".1f"),
-                 alt.Tooltip("hi:Q", title="95 % high", format=".1f")]).add_params(toggle)
-    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="output tok/s (measured window)"), y2="hi:Q")
-    return (alt.layer(line, bars, data=data).properties(width=260, height=200)
+    y = alt.Y("agg_output_tok_s:Q", title="output tok/s (measured window)")
+    line = base.mark_line().encode(y=y).add_params(toggle)
+    # the bars' own tooltip would repeat the interval unformatted: the point's, drawn over them, says it
+    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="output tok/s (measured window)"), y2="hi:Q",
+                                       tooltip=alt.value(None))
+    points = base.mark_point(filled=True).encode(
+        y=y, tooltip=["config", "prompts", "concurrency", alt.Tooltip("agg_output_tok_s:Q", format=".1f"),
+                      alt.Tooltip("lo:Q", title="95 % low", format=".1f"),
+                      alt.Tooltip("hi:Q", title="95 % high", format=".1f")])
+    # the legend's selection lives in the first layer, which owns the legend
+    return (alt.layer(line, bars, points, data=data).properties(width=260, height=200)
             .facet(column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
             .properties(title="Throughput vs concurrency (mean of repeats, 95 % interval)"))
 
@@ -134,13 +138,14 @@ def break_even_chart(metas: list[dict], speedup: pd.DataFrame, baseline: str) ->
     base = alt.Chart().encode(x=concurrency_axis(data["concurrency"]),
                               color=alt.Color("setting:N", title="simulated", sort=legend),
                               opacity=faded_unless(toggle))
-    line = base.mark_line(point=True).encode(
-        y=y, order=alt.Order("concurrency:Q"),
-        tooltip=["config", "prompts", "concurrency", "metric", "setting", "label", "verdict"]).add_params(toggle)
-    bars = base.mark_errorbar().encode(y=alt.Y("lo_drawn:Q", title=f"× {baseline} (log)"), y2="hi_drawn:Q")
+    line = base.mark_line().encode(y=y, order=alt.Order("concurrency:Q")).add_params(toggle)
+    bars = base.mark_errorbar().encode(y=alt.Y("lo_drawn:Q", title=f"× {baseline} (log)"), y2="hi_drawn:Q",
+                                       tooltip=alt.value(None))
+    points = base.mark_point(filled=True).encode(
+        y=y, tooltip=["config", "prompts", "concurrency", "metric", "setting", "label", "verdict"])
     rule = alt.Chart().transform_aggregate(n="count()").mark_rule(color="black", strokeDash=[4, 3]).encode(
         y=alt.datum(1.0))
-    return (alt.layer(bars, line, rule, data=data).properties(width=260, height=200)
+    return (alt.layer(line, bars, points, rule, data=data).properties(width=260, height=200)
             .facet(row=alt.Row("panel:N", title=None, sort=list(dict.fromkeys(data["panel"]))),
                    column=alt.Column("metric:N", title=None, sort=[name for name, _, _ in BREAK_EVEN_METRICS]))
             .properties(title=title))
@@ -190,25 +195,30 @@ def frontier_chart(cells: pd.DataFrame) -> alt.Chart:
     y = alt.Y("per_gpu:Q", title=f"output tok/s {unit}", scale=alt.Scale(zero=False))
     base = alt.Chart(data).encode(x=x, y=y)
     toggle = legend_toggle()
-    lines = base.mark_line(point=True).encode(
-        color=alt.Color("config:N"), order=alt.Order("concurrency:Q"), opacity=faded_unless(toggle),
+    lines = base.mark_line().encode(color=alt.Color("config:N"), order=alt.Order("concurrency:Q"),
+                                    opacity=faded_unless(toggle)).add_params(toggle)
+    dots = base.mark_point(filled=True).encode(
+        color=alt.Color("config:N"), opacity=faded_unless(toggle),
         tooltip=["config", "prompts", "concurrency", alt.Tooltip("per_gpu:Q", title=f"tok/s {unit}", format=".1f"),
                  alt.Tooltip("per_gpu_lo:Q", title="95 % low", format=".1f"),
                  alt.Tooltip("per_gpu_hi:Q", title="95 % high", format=".1f"),
                  alt.Tooltip("per_user:Q", title="tok/s per user", format=".1f"),
                  alt.Tooltip("per_user_lo:Q", title="per user 95 % low", format=".1f"),
-                 alt.Tooltip("per_user_hi:Q", title="per user 95 % high", format=".1f"), "frontier"]
-    ).add_params(toggle)
-    y_bars = base.mark_errorbar().encode(y=alt.Y("per_gpu_lo:Q", title=f"output tok/s {unit}"), y2="per_gpu_hi:Q",
-                                         color=alt.Color("config:N"), opacity=faded_unless(toggle))
-    x_bars = base.mark_errorbar().encode(x=alt.X("per_user_lo:Q", title="tok/s per user (1/TPOT p50)"),
-                                         x2="per_user_hi:Q", color=alt.Color("config:N"), opacity=faded_unless(toggle))
+                 alt.Tooltip("per_user_hi:Q", title="per user 95 % high", format=".1f"), "frontier"])
+    # a bar with an end not known is not drawn (an SVG line cannot end at NaN)
+    known = "isValid(datum.{0}_lo) && isValid(datum.{0}_hi)"
+    y_bars = base.transform_filter(known.format("per_gpu")).mark_errorbar().encode(
+        y=alt.Y("per_gpu_lo:Q", title=f"output tok/s {unit}"), y2="per_gpu_hi:Q", color=alt.Color("config:N"),
+        opacity=faded_unless(toggle), tooltip=alt.value(None))
+    x_bars = base.transform_filter(known.format("per_user")).mark_errorbar().encode(
+        x=alt.X("per_user_lo:Q", title="tok/s per user (1/TPOT p50)"), x2="per_user_hi:Q", color=alt.Color("config:N"),
+        opacity=faded_unless(toggle), tooltip=alt.value(None))
     on = base.transform_filter("datum.frontier")
     front_line = on.mark_line(color="black", strokeDash=[4, 3], strokeWidth=1.5).encode(
         order=alt.Order("per_user:Q"), detail="prompts:N")
     front_points = on.mark_point(size=160, color="black", strokeWidth=1.5)
     client = base.transform_filter("datum.client_bound").mark_point(shape="cross", size=120, color="grey")
-    return (alt.layer(y_bars, x_bars, lines, front_line, front_points, client, data=data)
+    return (alt.layer(lines, y_bars, x_bars, dots, front_line, front_points, client, data=data)
             .properties(width=300, height=230)
             .facet(column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
             .properties(title=f"Throughput {unit} vs tok/s per user (black circles: Pareto frontier; grey cross: "
@@ -261,19 +271,24 @@ def energy_chart(cells: pd.DataFrame) -> alt.Chart | None:
     data["prompts"] = prompts_label(cells)
     half = cells.get("gpu_j_per_output_token_ci95", pd.Series(float("nan"), index=cells.index))
     data["lo"], data["hi"] = data["gpu_j_per_output_token"] - half, data["gpu_j_per_output_token"] + half
+    # the log axis cannot show an end at or below 0: that bar stops at the point
+    data["lo"] = data["lo"].where(data["lo"] > 0, data["gpu_j_per_output_token"])
     data = data.dropna(subset=["gpu_j_per_output_token"])
     unit = per_gpu_title(cells)
     toggle = legend_toggle()
     base = alt.Chart(data).encode(x=alt.X("output_tok_s_per_gpu:Q", title=f"output tok/s {unit}",
                                           scale=alt.Scale(zero=False)), color=alt.Color("config:N"),
                                   opacity=faded_unless(toggle))
-    line = base.mark_line(point=True).add_params(toggle).encode(
-        y=alt.Y("gpu_j_per_output_token:Q", title="GPU J per output token",
-                                                  scale=alt.Scale(type="log", nice=False)),
-        order=alt.Order("concurrency:Q"),
-        tooltip=["config", "prompts", "concurrency", alt.Tooltip("gpu_j_per_output_token:Q", format=".3f")])
-    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="GPU J per output token"), y2="hi:Q")
-    return (alt.layer(line, bars, data=data).properties(width=280, height=200)
+    y = alt.Y("gpu_j_per_output_token:Q", title="GPU J per output token", scale=alt.Scale(type="log", nice=False))
+    line = base.mark_line().add_params(toggle).encode(y=y, order=alt.Order("concurrency:Q"))
+    bars = base.transform_filter("isValid(datum.lo) && isValid(datum.hi)").mark_errorbar().encode(
+        y=alt.Y("lo:Q", title="GPU J per output token"), y2="hi:Q",
+                                       tooltip=alt.value(None))
+    points = base.mark_point(filled=True).encode(
+        y=y, tooltip=["config", "prompts", "concurrency", alt.Tooltip("gpu_j_per_output_token:Q", format=".3f"),
+                      alt.Tooltip("lo:Q", title="95 % low", format=".3f"),
+                      alt.Tooltip("hi:Q", title="95 % high", format=".3f")])
+    return (alt.layer(line, bars, points, data=data).properties(width=280, height=200)
             .facet(column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
             .properties(title="GPU energy per output token vs throughput (measured window, 95 % intervals)"))
 

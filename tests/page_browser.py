@@ -29,6 +29,8 @@ SEEN = """(() => {
       drawn: [...el.querySelectorAll('svg, canvas')].map(box).filter(([w, h]) => w > 0 && h > 0).length,
       size: box(el)})),
     screen: table ? [...table.querySelectorAll('tr')].map(tr => [...tr.cells].map(c => c.innerText.trim())) : null,
+    cells: [...document.querySelectorAll('main table')].map(t => [...t.tBodies[0].rows].map(
+      tr => [...tr.cells].map(c => c.innerText.trim()))),
     tables: document.querySelectorAll('main table').length,
     sortable: document.querySelectorAll('main table.sortable').length,
     scrollWidth: document.documentElement.scrollWidth,
