@@ -18,7 +18,8 @@ from pathlib import Path
 from servesweep.chart_registry import CHARTS
 
 # A chart line of FINDINGS.md (chart_registry.Chart.markdown): the PNG, a link to the SVG, then its caption.
-CHART_LINE = re.compile(r"^!\[(?P<alt>[^\]]*)\]\((?P<stem>[^)]+)\.png\)(?: \(\[SVG\]\([^)]*\)\))?(?: — (?P<caption>.*))?$")
+CHART_LINE = re.compile(r"^!\[(?P<alt>[^\]]*)\]\((?P<stem>[^)]+)\.png\)(?: \(\[SVG\]\([^)]*\)\))?"
+                        r"(?: — (?P<caption>.*))?$")
 SUMMARY = "## Summary"
 
 
@@ -145,7 +146,8 @@ def build_page(findings: str, screen: dict, specs: dict[str, dict], source: str 
     :func:`chart_specs`); ``source`` names where it was built from (shown under the title)."""
     title, summary, rest = _sections(findings)
     before, after = _without_table(summary)
-    shown = _markdown(_charts_in_place(before, specs)) + screen_table(screen) + _markdown(_charts_in_place(after, specs))
+    shown = (_markdown(_charts_in_place(before, specs)) + screen_table(screen)
+             + _markdown(_charts_in_place(after, specs)))
     body, toc = _with_anchors(_markdown(_charts_in_place(rest, specs)))
     nav = "".join(f'<li><a href="#{a}">{html.escape(t)}</a></li>' for a, t in [("summary", "Summary"), *toc])
     note = f'<p class="source">{html.escape(source)}</p>' if source else ""
