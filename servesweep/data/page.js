@@ -49,6 +49,10 @@
       wrap.appendChild(table);
     }
     table.classList.add("sortable");
+    // a short cell (a figure with its interval, a name) stays on one line; the table scrolls inside its frame
+    for (const td of table.querySelectorAll("tbody td")) {
+      if (td.innerText.trim().length <= 24) td.classList.add("short");
+    }
     [...table.tHead.rows[0].cells].forEach((th, index) => {
       th.tabIndex = 0;
       th.title = "Sort by this column";

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def _asset(name: str) -> str:
     return resources.files("servesweep.data").joinpath(name).read_text()
 
 
+@lru_cache(maxsize=1)  # about 0.9 MB, built in about 2 s: once per process (a rebuild of many examples)
 def vega_bundle() -> str:
     """Vega, Vega-Lite and Vega-Embed in one script (vl-convert's bundle), which sets ``window.vegaEmbed``."""
     import vl_convert
