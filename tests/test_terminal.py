@@ -117,3 +117,25 @@ def test_the_html_report_command_names_the_configfile_as_typed(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     assert html_report_command([tmp_path / "sweeps" / "a.yaml", "/elsewhere/b.yaml"]) == (
         "snakemake --configfile=sweeps/a.yaml --configfile=/elsewhere/b.yaml --report report.html")
+
+
+def test_the_readme_quotes_the_terminal_ending_as_the_terminal_writes_it(tmp_path):
+    """README's quoted end of a run: the first screen in 100 columns, its table read back into the four columns of
+    the first screen's table, then the lines answer_for_terminal ends with."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    start = readme.index("    ## Summary")
+    end = next(i for i in range(start, len(readme)) if readme[i] and not readme[i].startswith("    "))
+    quoted = [line[4:] for line in readme[start:end]]
+    while not quoted[-1]:
+        quoted.pop()
+    assert max(map(len, quoted)) <= WIDTH
+    table = read_back(quoted)
+    assert table[0] == ["question", "pick", "against ar", "runner-up"] and all(len(row) == 4 for row in table)
+    assert [row[0].split(" (")[0].split(",")[0] for row in table[1:3]] == ["interactive", "batch"]
+    assert any(row[0].startswith("SLO ") for row in table)
+    (tmp_path / "results" / "report").mkdir(parents=True)
+    findings = tmp_path / "results" / "report" / "FINDINGS.md"
+    findings.write_text("## Summary\n\nx\n")
+    (findings.parent / "index.html").write_text("<html></html>")
+    ending = answer_for_terminal(findings).replace(str(tmp_path / "results"), "results").splitlines()[-3:]
+    assert quoted[-3:] == ending
