@@ -316,6 +316,7 @@ def get_chart_outputs():
             outputs[chart.name] = report_chart_dir(chart.folder, chart.name)
         else:
             outputs.update({f"{chart.name}_{fmt}": report_chart(chart.name, fmt) for fmt in FORMATS})
+            outputs[f"{chart.name}_spec"] = f"results/report/{chart.spec_file()}"
     return outputs
 
 

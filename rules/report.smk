@@ -22,6 +22,24 @@ rule plot_charts:
 rule report:
     input:
         findings="results/report/FINDINGS.md",
+        page="results/report/index.html",
+
+
+# The report as one self-contained HTML page (servesweep.report.page): the first screen's table, the charts drawn
+# interactively from their specs, the findings' sections; it opens from disk with nothing fetched.
+rule write_page:
+    input:
+        findings="results/report/FINDINGS.md",
+        screen="results/report/first_screen.json",
+        charts=rules.plot_charts.output,
+    output:
+        page="results/report/index.html",
+    log:
+        "logs/report/page.log",
+    conda:
+        "../envs/servesweep.yaml"
+    script:
+        "../scripts/write_page.py"
 
 
 rule write_findings:
@@ -44,6 +62,7 @@ rule write_findings:
         charts=rules.plot_charts.output,
     output:
         findings=in_report("results/report/FINDINGS.md", "findings", "Findings"),
+        screen="results/report/first_screen.json",
     log:
         "logs/report/findings.log",
     conda:

@@ -15,4 +15,5 @@ if __name__ == "__main__":  # not when a spawned child process runs this file ag
                             correctness=i.correctness, correctness_md=i.correctness_md, metas=i.meta, env_card=i.env,
                             capacity=i.capacity, capacity_probes=i.capacity_probes, series=i.series)
     write_findings(Path(snakemake.output.findings), inputs, snakemake.params.baseline,
-                   slos_from_config({"slo": snakemake.params.slo}), snakemake.params.cost)
+                   slos_from_config({"slo": snakemake.params.slo}), snakemake.params.cost,
+                   screen_path=Path(snakemake.output.screen))

@@ -75,6 +75,10 @@ class Chart:
         """Its files, relative to the report folder: one per format."""
         return [f"{self.stem}.{fmt}" for fmt in FORMATS]
 
+    def spec_file(self) -> str:
+        """Its Vega-Lite spec with the data inline, relative to the report folder: what the HTML page draws."""
+        return f"{self.stem}.vl.json"
+
     def applies_to(self, tables) -> bool:
         """Whether the sweep whose tables these are (a map of the names in ``inputs`` to tables; a cells table alone
         stands for ``{"cells": cells}``) gets this chart: ``applies`` is asked about its first input."""

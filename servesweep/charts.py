@@ -47,6 +47,17 @@ def concurrency_axis(concurrency: pd.Series) -> alt.X:
                  axis=alt.Axis(values=measured, format="d", grid=False))
 
 
+def legend_toggle(field: str = "config") -> alt.Parameter:
+    """A click on the legend that picks the series of one ``field`` value (shift-click: more), fading the others,
+    for the HTML page; an image drawn from the spec shows every series, as nothing is picked."""
+    return alt.selection_point(fields=[field], bind="legend")
+
+
+def faded_unless(selection: alt.Parameter) -> alt.OpacityValue:
+    """Opacity 1 for the series ``selection`` holds (every series while it is empty), faint for the others."""
+    return alt.condition(selection, alt.value(1.0), alt.value(0.12))
+
+
 def throughput_chart(cells: pd.DataFrame) -> alt.Chart:
     """Output tok/s over the measured window vs concurrency, one line per config, one panel per prompt set; error
     bars are the 95 % intervals over the repeats; the x axis shows only the concurrencies measured."""
@@ -55,12 +66,20 @@ def throughput_chart(cells: pd.DataFrame) -> alt.Chart:
     half = cells["agg_output_tok_s_ci95"] if "agg_output_tok_s_ci95" in cells else 0.0
     data["lo"] = cells["agg_output_tok_s"] - pd.Series(half, index=cells.index).fillna(0.0)
     data["hi"] = cells["agg_output_tok_s"] + pd.Series(half, index=cells.index).fillna(0.0)
-    base = alt.Chart(data).encode(x=concurrency_axis(data["concurrency"]), color=alt.Color("config:N"))
-    line = base.mark_line(point=True).encode(
-        y=alt.Y("agg_output_tok_s:Q", title="output tok/s (measured window)"),
-        tooltip=["config", "prompts", "concurrency", alt.Tooltip("agg_output_tok_s:Q", format=".1f")])
-    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="output tok/s (measured window)"), y2="hi:Q")
-    return (alt.layer(line, bars, data=data).properties(width=260, height=200)
+    toggle = legend_toggle()
+    base = alt.Chart(data).encode(x=concurrency_axis(data["concurrency"]), color=alt.Color("config:N"),
+                                  opacity=faded_unless(toggle))
+    y = alt.Y("agg_output_tok_s:Q", title="output tok/s (measured window)")
+    line = base.mark_line().encode(y=y).add_params(toggle)
+    # the bars' own tooltip would repeat the interval unformatted: the point's, drawn over them, says it
+    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="output tok/s (measured window)"), y2="hi:Q",
+                                       tooltip=alt.value(None))
+    points = base.mark_point(filled=True).encode(
+        y=y, tooltip=["config", "prompts", "concurrency", alt.Tooltip("agg_output_tok_s:Q", format=".1f"),
+                      alt.Tooltip("lo:Q", title="95 % low", format=".1f"),
+                      alt.Tooltip("hi:Q", title="95 % high", format=".1f")])
+    # the legend's selection lives in the first layer, which owns the legend
+    return (alt.layer(line, bars, points, data=data).properties(width=260, height=200)
             .facet(column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
             .properties(title="Throughput vs concurrency (mean of repeats, 95 % interval)"))
 
@@ -75,12 +94,16 @@ def speedup_heatmap(speedup: pd.DataFrame, baseline: str) -> alt.Chart:
     data["shown"] = data["speedup"].where(verdict.astype(str).str.startswith(("faster", "slower")))
     base = alt.Chart(data).encode(x=alt.X("concurrency:O", title="concurrency (C)"),
                                   y=alt.Y("prompts:N", title="prompts", sort=prompts_order(speedup)))
+    # hovering a cell outlines the same prompts × C in every config's panel
+    hover = alt.selection_point(fields=["prompts", "concurrency"], on="pointerover", clear="pointerout")
     rect = base.mark_rect().encode(
+        stroke=alt.condition(hover, alt.value("black"), alt.value(None)), strokeWidth=alt.value(2),
         color=alt.condition("isValid(datum.shown)",
                             alt.Color("shown:Q", scale=alt.Scale(scheme="redyellowgreen", domainMid=1.0),
                                       title=f"× {baseline}"),
                             alt.value("#dddddd")),
-        tooltip=["config", "prompts", "concurrency", alt.Tooltip("speedup:Q", format=".3f"), "verdict"])
+        tooltip=["config", "prompts", "concurrency", alt.Tooltip("speedup:Q", format=".3f"), "verdict"]
+    ).add_params(hover)
     text = base.mark_text(fontSize=12).encode(text=alt.Text("speedup:Q", format=".2f"))
     return (alt.layer(rect, text, data=data).properties(width=180, height=120)
             .facet(column=alt.Column("config:N", title=None))
@@ -111,15 +134,18 @@ def break_even_chart(metas: list[dict], speedup: pd.DataFrame, baseline: str) ->
     y = alt.Y("ratio:Q", title=f"× {baseline} (log)",
               scale=alt.Scale(type="log", nice=False, domain=[values.min() / 1.1, values.max() * 1.1]))
     legend = list(dict.fromkeys(data.sort_values("accept_length")["setting"]))
+    toggle = legend_toggle("setting")
     base = alt.Chart().encode(x=concurrency_axis(data["concurrency"]),
-                              color=alt.Color("setting:N", title="simulated", sort=legend))
-    line = base.mark_line(point=True).encode(
-        y=y, order=alt.Order("concurrency:Q"),
-        tooltip=["config", "prompts", "concurrency", "metric", "setting", "label", "verdict"])
-    bars = base.mark_errorbar().encode(y=alt.Y("lo_drawn:Q", title=f"× {baseline} (log)"), y2="hi_drawn:Q")
+                              color=alt.Color("setting:N", title="simulated", sort=legend),
+                              opacity=faded_unless(toggle))
+    line = base.mark_line().encode(y=y, order=alt.Order("concurrency:Q")).add_params(toggle)
+    bars = base.mark_errorbar().encode(y=alt.Y("lo_drawn:Q", title=f"× {baseline} (log)"), y2="hi_drawn:Q",
+                                       tooltip=alt.value(None))
+    points = base.mark_point(filled=True).encode(
+        y=y, tooltip=["config", "prompts", "concurrency", "metric", "setting", "label", "verdict"])
     rule = alt.Chart().transform_aggregate(n="count()").mark_rule(color="black", strokeDash=[4, 3]).encode(
         y=alt.datum(1.0))
-    return (alt.layer(bars, line, rule, data=data).properties(width=260, height=200)
+    return (alt.layer(line, bars, points, rule, data=data).properties(width=260, height=200)
             .facet(row=alt.Row("panel:N", title=None, sort=list(dict.fromkeys(data["panel"]))),
                    column=alt.Column("metric:N", title=None, sort=[name for name, _, _ in BREAK_EVEN_METRICS]))
             .properties(title=title))
@@ -168,20 +194,31 @@ def frontier_chart(cells: pd.DataFrame) -> alt.Chart:
     x = alt.X("per_user:Q", title="tok/s per user (1/TPOT p50)", scale=alt.Scale(zero=False, nice=False))
     y = alt.Y("per_gpu:Q", title=f"output tok/s {unit}", scale=alt.Scale(zero=False))
     base = alt.Chart(data).encode(x=x, y=y)
-    lines = base.mark_line(point=True).encode(
-        color=alt.Color("config:N"), order=alt.Order("concurrency:Q"),
-        tooltip=["config", "prompts", "concurrency", alt.Tooltip("per_gpu:Q", format=".1f"),
-                 alt.Tooltip("per_user:Q", format=".1f"), "frontier"])
-    y_bars = base.mark_errorbar().encode(y=alt.Y("per_gpu_lo:Q", title=f"output tok/s {unit}"), y2="per_gpu_hi:Q",
-                                         color=alt.Color("config:N"))
-    x_bars = base.mark_errorbar().encode(x=alt.X("per_user_lo:Q", title="tok/s per user (1/TPOT p50)"),
-                                         x2="per_user_hi:Q", color=alt.Color("config:N"))
+    toggle = legend_toggle()
+    lines = base.mark_line().encode(color=alt.Color("config:N"), order=alt.Order("concurrency:Q"),
+                                    opacity=faded_unless(toggle)).add_params(toggle)
+    dots = base.mark_point(filled=True).encode(
+        color=alt.Color("config:N"), opacity=faded_unless(toggle),
+        tooltip=["config", "prompts", "concurrency", alt.Tooltip("per_gpu:Q", title=f"tok/s {unit}", format=".1f"),
+                 alt.Tooltip("per_gpu_lo:Q", title="95 % low", format=".1f"),
+                 alt.Tooltip("per_gpu_hi:Q", title="95 % high", format=".1f"),
+                 alt.Tooltip("per_user:Q", title="tok/s per user", format=".1f"),
+                 alt.Tooltip("per_user_lo:Q", title="per user 95 % low", format=".1f"),
+                 alt.Tooltip("per_user_hi:Q", title="per user 95 % high", format=".1f"), "frontier"])
+    # a bar with an end not known is not drawn (an SVG line cannot end at NaN)
+    known = "isValid(datum.{0}_lo) && isValid(datum.{0}_hi)"
+    y_bars = base.transform_filter(known.format("per_gpu")).mark_errorbar().encode(
+        y=alt.Y("per_gpu_lo:Q", title=f"output tok/s {unit}"), y2="per_gpu_hi:Q", color=alt.Color("config:N"),
+        opacity=faded_unless(toggle), tooltip=alt.value(None))
+    x_bars = base.transform_filter(known.format("per_user")).mark_errorbar().encode(
+        x=alt.X("per_user_lo:Q", title="tok/s per user (1/TPOT p50)"), x2="per_user_hi:Q", color=alt.Color("config:N"),
+        opacity=faded_unless(toggle), tooltip=alt.value(None))
     on = base.transform_filter("datum.frontier")
     front_line = on.mark_line(color="black", strokeDash=[4, 3], strokeWidth=1.5).encode(
         order=alt.Order("per_user:Q"), detail="prompts:N")
     front_points = on.mark_point(size=160, color="black", strokeWidth=1.5)
     client = base.transform_filter("datum.client_bound").mark_point(shape="cross", size=120, color="grey")
-    return (alt.layer(y_bars, x_bars, lines, front_line, front_points, client, data=data)
+    return (alt.layer(lines, y_bars, x_bars, dots, front_line, front_points, client, data=data)
             .properties(width=300, height=230)
             .facet(column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
             .properties(title=f"Throughput {unit} vs tok/s per user (black circles: Pareto frontier; grey cross: "
@@ -210,7 +247,8 @@ def latency_chart(cells: pd.DataFrame) -> alt.Chart:
     its concurrencies; rows: metric, columns: prompt set."""
     data = latency_points(cells)
     unit = per_gpu_title(cells)
-    chart = alt.Chart(data).mark_line(point=True).encode(
+    toggle = legend_toggle()
+    chart = alt.Chart(data).mark_line(point=True).add_params(toggle).encode(opacity=faded_unless(toggle),
         x=alt.X("output_tok_s_per_gpu:Q", title=f"output tok/s {unit}", scale=alt.Scale(zero=False)),
         y=alt.Y("ms:Q", title="latency (ms)", scale=alt.Scale(type="log", nice=False)),
         color=alt.Color("config:N"), strokeDash=alt.StrokeDash("percentile:N"),
@@ -233,17 +271,24 @@ def energy_chart(cells: pd.DataFrame) -> alt.Chart | None:
     data["prompts"] = prompts_label(cells)
     half = cells.get("gpu_j_per_output_token_ci95", pd.Series(float("nan"), index=cells.index))
     data["lo"], data["hi"] = data["gpu_j_per_output_token"] - half, data["gpu_j_per_output_token"] + half
+    # the log axis cannot show an end at or below 0: that bar stops at the point
+    data["lo"] = data["lo"].where(data["lo"] > 0, data["gpu_j_per_output_token"])
     data = data.dropna(subset=["gpu_j_per_output_token"])
     unit = per_gpu_title(cells)
+    toggle = legend_toggle()
     base = alt.Chart(data).encode(x=alt.X("output_tok_s_per_gpu:Q", title=f"output tok/s {unit}",
-                                          scale=alt.Scale(zero=False)), color=alt.Color("config:N"))
-    line = base.mark_line(point=True).encode(
-        y=alt.Y("gpu_j_per_output_token:Q", title="GPU J per output token",
-                                                  scale=alt.Scale(type="log", nice=False)),
-        order=alt.Order("concurrency:Q"),
-        tooltip=["config", "prompts", "concurrency", alt.Tooltip("gpu_j_per_output_token:Q", format=".3f")])
-    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="GPU J per output token"), y2="hi:Q")
-    return (alt.layer(line, bars, data=data).properties(width=280, height=200)
+                                          scale=alt.Scale(zero=False)), color=alt.Color("config:N"),
+                                  opacity=faded_unless(toggle))
+    y = alt.Y("gpu_j_per_output_token:Q", title="GPU J per output token", scale=alt.Scale(type="log", nice=False))
+    line = base.mark_line().add_params(toggle).encode(y=y, order=alt.Order("concurrency:Q"))
+    bars = base.transform_filter("isValid(datum.lo) && isValid(datum.hi)").mark_errorbar().encode(
+        y=alt.Y("lo:Q", title="GPU J per output token"), y2="hi:Q",
+                                       tooltip=alt.value(None))
+    points = base.mark_point(filled=True).encode(
+        y=y, tooltip=["config", "prompts", "concurrency", alt.Tooltip("gpu_j_per_output_token:Q", format=".3f"),
+                      alt.Tooltip("lo:Q", title="95 % low", format=".3f"),
+                      alt.Tooltip("hi:Q", title="95 % high", format=".3f")])
+    return (alt.layer(line, bars, points, data=data).properties(width=280, height=200)
             .facet(column=alt.Column("prompts:N", title="prompts", sort=prompts_order(cells)))
             .properties(title="GPU energy per output token vs throughput (measured window, 95 % intervals)"))
 
@@ -318,8 +363,9 @@ def server_state_chart(series: pd.DataFrame) -> alt.Chart:
 
 def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_dir: str | Path,
                  capacity_probes: pd.DataFrame | None = None, series: pd.DataFrame | None = None,
-                 metas: list[dict] | None = None) -> list[Path]:
-    """Every chart of :data:`~servesweep.chart_registry.CHARTS` that applies to this sweep, as PNG and SVG under
+                 metas: list[dict] | None = None, images: bool = True) -> list[Path]:
+    """Every chart of :data:`~servesweep.chart_registry.CHARTS` that applies to this sweep, as its Vega-Lite spec
+    with the data inline (``<name>.vl.json``, what the HTML page draws) and, with ``images``, as PNG and SVG under
     ``out_dir`` (a chart that applies only to some sweeps in its folder, created empty where it does not); returns
     the files written. ``capacity_probes``: the capacity searches' probes (none: no capacity chart); ``series``: the
     runs' metrics series (``metrics_series.csv``), where there are any; ``metas``: the runs' meta.json records (none:
@@ -339,9 +385,14 @@ def write_charts(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, out_
             (out_dir / chart.folder).mkdir(parents=True, exist_ok=True)
         if not chart.applies_to(tables):
             continue
-        paths = [out_dir / name for name in chart.files()]
-        save_chart(globals()[chart.draw](*(tables[key] for key in chart.inputs)), *paths)
-        written += paths
+        drawn = globals()[chart.draw](*(tables[key] for key in chart.inputs))
+        spec = out_dir / chart.spec_file()
+        spec.write_text(drawn.to_json(indent=None))
+        written.append(spec)
+        if images:
+            paths = [out_dir / name for name in chart.files()]
+            save_chart(drawn, *paths)
+            written += paths
     return written
 
 

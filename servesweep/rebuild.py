@@ -122,9 +122,9 @@ def runs_with_send_bursts(runs: list[Path], scratch: Path) -> list[Path]:
 
 
 def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Path, charts: bool = False) -> str:
-    """Tables, correctness tables, (with ``charts``) the charts, and FINDINGS.md under ``out`` from ``run_dirs``
-    (each a ``results/runs/<cfg>`` folder) of a sweep whose config (schema defaults applied) is ``config``; the host
-    card is ``env_card``. Returns the report's text."""
+    """Tables, correctness tables, the charts' specs (with ``charts``, their PNG and SVG too), FINDINGS.md and the
+    HTML page (``index.html``) under ``out`` from ``run_dirs`` (each a ``results/runs/<cfg>`` folder) of a sweep whose
+    config (schema defaults applied) is ``config``; the host card is ``env_card``. Returns the report's text."""
     baseline = config["baseline"]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,18 +135,18 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
     write_correctness_tables([r / "coding_eval.json" for r in runs], [r / "greedy.jsonl" for r in runs],
                              [r / "meta.json" for r in runs], baseline, out / "correctness.csv",
                              out / "correctness.md")
-    if charts:
-        import pandas as pd
+    import pandas as pd
 
-        from servesweep.charts import write_charts
-        from servesweep.metrics_series import read_series
+    from servesweep.charts import write_charts
+    from servesweep.metrics_series import read_series
+    from servesweep.report.page import write_page
 
-        # As the plot_charts rule: the charts are drawn against concurrency.
-        probes = tables.capacity_probes
-        write_charts(closed_loop(pd.read_csv(tables.cells)), closed_loop(pd.read_csv(tables.speedup)), baseline,
-                     out, capacity_probes=pd.read_csv(probes) if probes.stat().st_size > 1 else None,
-                     series=read_series([r / "metrics_series.csv" for r in runs]),
-                     metas=[json.loads((r / "meta.json").read_text()) for r in runs])
+    # As the plot_charts rule: the charts are drawn against concurrency.
+    probes = tables.capacity_probes
+    write_charts(closed_loop(pd.read_csv(tables.cells)), closed_loop(pd.read_csv(tables.speedup)), baseline,
+                 out, capacity_probes=pd.read_csv(probes) if probes.stat().st_size > 1 else None,
+                 series=read_series([r / "metrics_series.csv" for r in runs]),
+                 metas=[json.loads((r / "meta.json").read_text()) for r in runs], images=charts)
     with tempfile.TemporaryDirectory() as scratch:
         inputs = FindingsInputs(cells=tables.cells, repeats=tables.repeats, noise=tables.noise,
                                 throughput_md=tables.throughput_md, speedup=tables.speedup,
@@ -155,7 +155,10 @@ def report_from_runs(run_dirs: list[Path], config: dict, env_card: Path, out: Pa
                                 metas=metas_with_log_facts(runs, Path(scratch)), env_card=env_card,
                                 capacity=tables.capacity, capacity_probes=tables.capacity_probes,
                                 series=[r / "metrics_series.csv" for r in runs])
-        return write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"])
+        text = write_findings(out / "FINDINGS.md", inputs, baseline, slos_from_config(config), config["cost"],
+                              screen_path=out / "first_screen.json")
+    write_page(out / "index.html", out / "FINDINGS.md", out / "first_screen.json")
+    return text
 
 
 def report_from_example(example: Path, out: Path | None = None, charts: bool = False) -> str:
@@ -181,10 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m servesweep.rebuild",
-                                 description="Rebuild a recorded example's tables and FINDINGS.md from its run folders.")
+                                 description="Rebuild a recorded example's tables, FINDINGS.md and HTML page from its "
+                                             "run folders.")
     ap.add_argument("example", type=Path, help="the example folder (config.yaml, runs/, pipeline/env/)")
     ap.add_argument("out", type=Path, nargs="?", help="where to write (default: EXAMPLE/report)")
-    ap.add_argument("--charts", action="store_true", help="draw the charts too")
+    ap.add_argument("--charts", action="store_true", help="draw the charts as PNG and SVG too")
     args = ap.parse_args(argv)
     report_from_example(args.example, args.out, charts=args.charts)
     print((args.out or args.example / "report") / "FINDINGS.md")

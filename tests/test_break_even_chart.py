@@ -77,7 +77,13 @@ def test_the_chart_draws_the_family_on_log_axes_with_a_rule_at_one():
     # an unbounded end is not drawn: the bar stops at the point
     assert top["hi_drawn"] == pytest.approx(top["ratio"]) and top["lo_drawn"] == pytest.approx(top["ratio"] * 0.8)
     layers = spec["spec"]["layer"]
-    line = next(layer for layer in layers if layer["mark"] == {"type": "line", "point": True})
+    line = next(layer for layer in layers if layer["mark"] == {"type": "line"})
+    # the points over the bars carry the tooltip; a legend click picks accept lengths (the line's selection)
+    points = next(layer for layer in layers if layer["mark"] == {"type": "point", "filled": True})
+    assert {t["field"] for t in points["encoding"]["tooltip"]} >= {"config", "concurrency", "setting", "verdict"}
+    selection = spec["params"][0]
+    assert selection["select"] == {"type": "point", "fields": ["setting"]} and selection["bind"] == "legend"
+    assert selection["views"] == [line["name"]]
     assert line["encoding"]["y"]["scale"]["type"] == "log"
     assert line["encoding"]["x"]["scale"]["type"] == "log" and line["encoding"]["x"]["axis"]["values"] == list(CS)
     domain = line["encoding"]["y"]["scale"]["domain"]

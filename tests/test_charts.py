@@ -41,7 +41,7 @@ def test_the_plot_rule_declares_every_chart_file():
     rule = proc.stdout[proc.stdout.index("rule plot_charts:"):]
     outputs = rule[rule.index("output: ") + len("output: "):].splitlines()[0].split(", ")
     assert sorted(outputs) == sorted(f"results/report/{path}" for c in CHARTS
-                                     for path in ([c.folder] if c.folder else c.files()))
+                                     for path in ([c.folder] if c.folder else [*c.files(), c.spec_file()]))
 
 
 def test_the_charts_section_shows_each_chart_or_says_why_not():

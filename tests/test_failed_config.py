@@ -300,7 +300,7 @@ def test_a_sweep_with_a_failing_config_still_reports(tmp_path):
         ("bench_config", f"cfg={f}, block={b}") for f in ("broken", "flaky")
         for b in [x["block"] for x in metas[f]["failed_blocks"]])
     assert {r for r, _ in planned} - {"bench_config", "collect_config", "aggregate_tables", "check_lossless",
-                                      "plot_charts", "write_findings", "report"} == set()
+                                      "plot_charts", "write_findings", "write_page", "report"} == set()
     assert sorted(w for r, w in planned if r == "collect_config") == ["cfg=broken", "cfg=flaky"]
 
     # With retries left, the failure is raised and Snakemake runs the job again; its last attempt records it.

@@ -1,13 +1,16 @@
 """What a user's terminal shows on a run of the workflow, read as the user would, outside a terminal (as CI and SLURM
 logs see it): the embedded default cut to one cell (test_wheel.reduced_default) prints the bench job's progress line
-and ends with the findings' Summary, the file's path and the HTML report's command; a dry run prints none of it."""
+and ends with the findings' Summary in 100 columns, the file's path, the HTML page's and the HTML report's command; a
+dry run prints none of it. The page the run wrote opens in headless Chromium without an error, every chart drawn."""
 import subprocess
 import sys
 
 import yaml
 
-from servesweep.terminal import summary_for_terminal
+from servesweep.terminal import WIDTH, summary_for_terminal
 from conftest import copy_tree
+from page_browser import open_page
+from report_browser import find_chromium
 from test_wheel import reduced_default
 
 
@@ -25,15 +28,23 @@ def test_a_run_shows_progress_and_ends_with_the_answer(tmp_path):
     assert "\r" not in shown
     findings = workdir / "results/report/FINDINGS.md"
     summary = summary_for_terminal(findings)
-    assert "| interactive (per user)" in summary and "**Resolution**" in summary
+    assert "\ninteractive (per user)" in summary and "\nResolution" in summary and "\nquestion " in summary
+    assert max(map(len, summary.splitlines())) <= WIDTH
     assert "### The answers in words" not in summary  # the terminal shows the first screen, up to its chart
     assert proc.stdout.rstrip().endswith(
         summary.replace(str(findings), "results/report/FINDINGS.md") + "\n\nFindings: results/report/FINDINGS.md\n"
+        "Page (one file, opens offline; sortable tables, interactive charts): results/report/index.html\n"
         "HTML report (findings, charts and tables in one file): "
         "snakemake --configfile=reduced.yaml --report report.html"), proc.stdout[-3000:]
     assert not any(word in shown for word in ("Building CXX object", "warning:", "CMake"))
     (tmp_path / "terminal.txt").write_text(shown)
     print(f"{len(shown.splitlines())} lines on the terminal; the last screen:\n" + "\n".join(shown.splitlines()[-40:]))
+
+    browser = find_chromium()
+    if browser:  # the page this run wrote, as a reader opens it (./setup.sh --test installs chromium)
+        page = open_page(workdir / "results/report/index.html", browser, 1024)
+        assert page.errors == [] and page.state["page"]["drawn"] == page.state["page"]["charts"] >= 4
+        assert page.state["screen"][0][0] == "question" and page.state["scrollWidth"] <= page.state["innerWidth"]
 
     dry = subprocess.run([*cmd, "-n", "--forcerun", "write_findings"], cwd=workdir, capture_output=True, text=True,
                          timeout=300)

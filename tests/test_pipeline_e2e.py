@@ -61,7 +61,7 @@ def test_fresh_checkout_plans_the_dag(workdir):
     rules = [r for r, _ in planned_jobs(out)]
     assert rules.count("bench_config") == 9 and rules.count("collect_config") == 3  # 3 configs x 3 blocks
     for rule in ("download_model", "prepare_engine", "check_env", "aggregate_tables", "plot_charts",
-                 "write_findings"):
+                 "write_findings", "write_page"):
         assert rule in rules
 
 

@@ -255,7 +255,7 @@ def test_frontier_chart_marks_the_frontier_and_energy_chart_needs_energy(tmp_pat
     written = write_charts(cells, speedup, "a", tmp_path)
     names = sorted(p.name for p in written)
     assert names == sorted(f"{n}.{e}" for n in ("throughput_vs_concurrency", "speedup_heatmap", "frontier",
-                                                 "latency_vs_throughput") for e in ("png", "svg"))
+                                                 "latency_vs_throughput") for e in ("png", "svg", "vl.json"))
     assert (tmp_path / "energy").is_dir() and not any((tmp_path / "energy").iterdir())
     cells["gpu_j_per_output_token"] = [0.5, 0.1, 0.6, 0.09]
     assert energy_chart(cells) is not None

@@ -73,9 +73,11 @@ def _table(path: Path | None) -> pd.DataFrame | None:
 
 
 def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: list[SLO] | None = None,
-                   cost: dict | None = None) -> str:
+                   cost: dict | None = None, screen_path: Path | None = None) -> str:
     """FINDINGS.md from the tables named by ``inputs``: the summary per service-level target (``slos``, from the
-    config's ``slo:``; prices from its ``cost:``), the evidence, and the wide per-cell tables in an appendix."""
+    config's ``slo:``; prices from its ``cost:``), the evidence, and the wide per-cell tables in an appendix.
+    ``screen_path``: where to write the first screen's table as data too (JSON: ``header``, ``rows``, markdown
+    cells), for the HTML page (``servesweep.report.page``)."""
     cells = pd.read_csv(inputs.cells)
     speedup = pd.read_csv(inputs.speedup)
     repeats = pd.read_csv(inputs.repeats) if inputs.repeats.exists() else None
@@ -98,8 +100,10 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     correctness = pd.read_csv(inputs.correctness) if inputs.correctness and inputs.correctness.exists() else None
     capacity = _table(inputs.capacity)
     probes = _table(inputs.capacity_probes)
+    screen_table = []
     lines = ["# Findings", ""] + first_screen(cells, repeats, speedup, design, baseline, slos or [], cost, rule,
-                                              random_spec, lossless_failures(correctness), metas, capacity)
+                                              random_spec, lossless_failures(correctness), metas, capacity,
+                                              table=screen_table)
     cpu = metas[0].get("cpu_model") if metas else None
     cores = metas[0].get("cpu_count") if metas else None
     cpu_text = (f" (CPU: {cpu}, {cores} cores — host-bound cells depend on it)" if cpu
@@ -154,4 +158,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     text = "\n".join(lines) + "\n"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(text)
+    if screen_path is not None:
+        head, *body = screen_table or [[]]
+        Path(screen_path).write_text(json.dumps({"header": head, "rows": body}, indent=1) + "\n")
     return text

@@ -109,14 +109,29 @@ def slo_rows(choices: list[tuple], simulated: dict[str, float] | None = None) ->
     return rows
 
 
+def header(baseline: str) -> list[str]:
+    """The first screen's table header."""
+    return ["question", "pick", f"against `{baseline}`", "runner-up"]
+
+
+def rows(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, choices: list[tuple],
+         metas: list[dict] | None = None) -> list[list[str]]:
+    """The first screen's rows (markdown cells): the answers, then the picks per target; configs that simulate their
+    acceptance are labelled so wherever they appear (from ``metas``)."""
+    simulated = acceptance.lengths_set(metas or [])
+    return answer_rows(cells, speedup, baseline, simulated) + slo_rows(choices, simulated)
+
+
+def markdown(head: list[str], body: list[list[str]]) -> list[str]:
+    """A header and rows as markdown table lines, a blank line after (none without rows)."""
+    if not body:
+        return []
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in body]
+    return out + [""]
+
+
 def table(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, choices: list[tuple],
           metas: list[dict] | None = None) -> list[str]:
-    """The first screen's table (markdown lines, a blank line after); configs that simulate their acceptance are
-    labelled so wherever they appear (from ``metas``)."""
-    simulated = acceptance.lengths_set(metas or [])
-    rows = answer_rows(cells, speedup, baseline, simulated) + slo_rows(choices, simulated)
-    if not rows:
-        return []
-    out = [f"| question | pick | against `{baseline}` | runner-up |", "|---|---|---|---|"]
-    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return out + [""]
+    """The first screen's table (markdown lines, a blank line after): :func:`header` and :func:`rows`."""
+    return markdown(header(baseline), rows(cells, speedup, baseline, choices, metas))

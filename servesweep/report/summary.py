@@ -15,7 +15,7 @@ from servesweep.report.speculative import summary_lines
 from servesweep.report.capacity import capacity_lines
 from servesweep.report.text import _fmt, _money, _point
 from servesweep.report.findings import repeat_order_drifts
-from servesweep.report.screen import table as screen_table
+from servesweep.report import screen
 
 
 def server_bound(cells: pd.DataFrame) -> pd.DataFrame:
@@ -243,13 +243,14 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
                  baseline: str, slos: list[SLO], cost: dict | None, rule: decide.Rule | None = None,
                  random_weight_speculative: set[str] | None = None,
                  not_lossless: dict[str, str] | None = None, metas: list[dict] | None = None,
-                 capacity: pd.DataFrame | None = None) -> list[str]:
+                 capacity: pd.DataFrame | None = None, table: list | None = None) -> list[str]:
     """The report's opening: the launches that failed (``decisions.failures``, from ``metas``), then the
     answers: interactive and batch per prompt set (``decisions.answers``),
     the picks per service-level target with their runner-up margins (``slo_choice``), the sweep's resolution and
     flags, then the frontier chart. ``capacity``: the capacity searches' table (``capacity_lines``), ranked per target
     after the picks. ``random_weight_speculative``: speculative configs that served random weights,
-    warned about where a pick or runner-up is one of them."""
+    warned about where a pick or runner-up is one of them. ``table``, when given, receives the first screen's table
+    as data: its header, then its rows (``screen.header``, ``screen.rows``)."""
     cost = cost or {}
     rule = rule or decide.Rule()
     cells = with_unit_columns(cells, cost)
@@ -261,28 +262,31 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
             choices.append((slo, label, slo_choice(g, repeats, slo)))
     decide_margins([c for _, _, c in choices], rule)
     named = {c["config"] for _, _, choice in choices for c in (choice["best"], choice["runner_up"]) if c is not None}
-    screen = ["## Summary", ""] + rd.failures(metas or []) + screen_table(cells, speedup, baseline, choices, metas)
-    screen += rd.resolution_line(speedup, design) + rd.flags(design, speedup)
+    head, body = screen.header(baseline), screen.rows(cells, speedup, baseline, choices, metas)
+    if table is not None:
+        table[:] = [head, *body]
+    screen_lines = ["## Summary", ""] + rd.failures(metas or []) + screen.markdown(head, body)
+    screen_lines += rd.resolution_line(speedup, design) + rd.flags(design, speedup)
     # what the reader must know before acting on a pick: on the first screen, under the flags
     drafting = random_weight_drafting_note(trusted, (random_weight_speculative or set()) & named)
     if drafting:
-        screen += [drafting, ""]
+        screen_lines += [drafting, ""]
     changed = {c: n for c, n in (not_lossless or {}).items() if c in named}
     if changed:
-        screen += ["**Greedy output changed** under "
+        screen_lines += ["**Greedy output changed** under "
                    + "; ".join(f"`{c}` ({n} lossless-check completions matched the baseline's)"
                                for c, n in sorted(changed.items()))
                    + ", named above: its speed is what was measured, but its greedy output is not always the "
                    "baseline's (Correctness section).", ""]
     drift = repeat_order_drifts(repeats)
     if drift:
-        screen += ["**The measurements changed during the jobs**: "
+        screen_lines += ["**The measurements changed during the jobs**: "
                    + "; ".join(f"the first round of repeats was the {word} in {hits} of {n} cells (p = {p:.2g})"
                                for word, hits, n, p, _ in drift)
                    + ". The intervals and margins hold that change as well as the cells' noise (Anomalies).", ""]
-    screen += ["The answers in words, with the resolution in full and the notes, follow the chart.", ""]
+    screen_lines += ["The answers in words, with the resolution in full and the notes, follow the chart.", ""]
     for chart in charts_in("summary"):
-        screen += [chart.markdown(), ""]
+        screen_lines += [chart.markdown(), ""]
     lines = ["### The answers in words", ""] + rd.answers(cells, speedup, baseline)
     lines += block0_lines(repeats, speedup, baseline)
     lines += summary_lines(cells, speedup, metas or [])
@@ -311,4 +315,4 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
                      "cost is given.")
     if notes:
         lines += [" ".join(notes), ""]
-    return screen + lines
+    return screen_lines + lines
