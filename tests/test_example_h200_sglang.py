@@ -94,7 +94,9 @@ def test_summary_opens_the_report(report):
     text, _, _ = report
     assert text.index("## Summary") < text.index("## Setup")
     assert "**Per SLO: interactive: TTFT p99 ≤ 450 ms, TPOT p99 ≤ 40 ms**" in text
-    assert text.index("**Interactive**") < text.index("**Batch**") < text.index("**Per SLO") < text.index("## Setup")
+    # after the first screen's chart: every config against the baseline, per user then throughput, then the picks
+    assert text.index("![") < text.index("### Every config against the baseline") < text.index(": per user (") \
+        < text.index(": throughput (") < text.index("**Per SLO") < text.index("## Setup")
     assert "No prices in the config's `cost:` section" in text
 
 
