@@ -114,8 +114,8 @@ def matrix_tables(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str, des
         note = _gpu_note(g, baseline)
         if note:
             lines += [note, ""]
-    if not lines:
-        return []
+    if speedup.empty:  # the baseline's own figures only: no cell to key
+        return lines
     random = sorted(set(random_weight_speculative) & set(speedup["config"]))
     if random:
         lines += [f"Speculative on random weights: {', '.join(f'`{c}`' for c in random)} — its ratios rest on "
