@@ -31,7 +31,7 @@ def test_the_terminal_shows_the_recorded_summary_as_written_without_its_chart(fi
     assert [line for line in shown if line.strip()] == written  # the first screen, up to its chart
     for part in ("| question | pick |", "| interactive (per user)", "| batch (throughput)", "| SLO `", "**Resolution**"):
         assert any(line.startswith(part) for line in shown), part
-    assert "### The answers in words" not in shown
+    assert "### Every config against the baseline" not in shown and not any(line.startswith("#### ") for line in shown)
     # Flags only where the sweep had something to flag (a fully paired sweep without a replicate has none)
     assert any(line.startswith("**Flags**") for line in shown) == any(line.startswith("**Flags**") for line in written)
     assert "## Setup" not in shown and not any(line.startswith("![") for line in shown)
