@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import (example_job_times, example_metas, example_readme, example_repeats, matrix_table, paired_ratio,
+from conftest import (example_job_times, example_metas, example_readme, example_repeats, paired_ratio,
                       rebuilt_example)
 
 from servesweep import decide

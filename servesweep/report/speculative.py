@@ -7,7 +7,6 @@ options, the draft model, the start-up phases read from the server log), never a
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pandas as pd
