@@ -109,7 +109,7 @@ CHARTS = (
           "solid where the first C not called faster is slower or equivalent, dotted where it is inconclusive "
           "(the crossover lies at or below it).",
           applies=has_speculative_comparisons, folder="speculation",
-          absent="No speculative config was compared with the baseline, so there is no speculation chart."),
+          absent="No config that drafted was compared with the baseline, so there is no speculation chart."),
     Chart("throughput_vs_concurrency", "throughput_chart", ("cells",), "charts", "Throughput vs concurrency"),
     Chart("latency_vs_throughput", "latency_chart", ("cells",), "charts", "Latency vs throughput",
           "TTFT and TPOT p50/p99 against output tok/s per GPU, one line per config through its concurrencies."),

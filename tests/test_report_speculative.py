@@ -120,7 +120,7 @@ def test_section_claims_recompute_from_the_tables():
     assert ("| `dm8` | `draft_model`, draft length 8, `small` | sharegpt prompts | per user | pays at every C "
             "measured, up to C=16 | faster at C=1, C=4 and C=16 |") in text
     # the chart, where it applies (the speedup table's speculation column names the configs that drafted)
-    assert "No speculative config was compared with the baseline, so there is no speculation chart." in text
+    assert "No config that drafted was compared with the baseline, so there is no speculation chart." in text
     shown = "\n".join(rs.speculative_section(cells(), sp.assign(speculation="ran"), metas(), "ar"))
     assert "![Speculative speedup vs concurrency](speculation/speculation_speedup.png)" in shown
     assert "draft model `small`, 500 MiB of weights" in text
