@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 FORMATS = ("png", "svg")
-SECTIONS = ("summary", "charts")  # the first screen of FINDINGS.md, or its Charts section
+SECTIONS = ("summary", "speculation", "charts")  # FINDINGS.md's first screen, Speculative decoding or Charts section
 
 
 def has_capacity_probes(probes) -> bool:
@@ -36,6 +36,15 @@ def has_simulated_acceptance(metas) -> bool:
     such config is a setting of a break-even family (servesweep.report.breakeven), one alone included."""
     return any(m.get("config") and (m.get("speculation") or {}).get("simulated_accept_length") is not None
                for m in metas or [])
+
+
+def has_speculative_comparisons(speedup) -> bool:
+    """Whether a speedup table compares any config that drafted (or whose drafting went unreported) with the baseline:
+    its ``speculation`` column says so (empty for a config that did not ask for speculative decoding)."""
+    if speedup is None or "speculation" not in speedup:
+        return False
+    drafted = speedup["speculation"].fillna("").astype(str)
+    return bool(((drafted != "") & ~drafted.str.contains("never drafted")).any())
 
 
 def has_gpu_energy(cells) -> bool:
@@ -97,6 +106,14 @@ CHARTS = (
     Chart("frontier", "frontier_chart", ("cells",), "summary", "Throughput per GPU vs tok/s per user",
           "each line one config through its concurrencies; circled: the Pareto frontier (points no other point beats "
           "on both axes, docs/report.md)."),
+    Chart("speculation_speedup", "speculation_chart", ("speedup", "baseline"), "speculation",
+          "Speculative speedup vs concurrency",
+          "per speculative config, the per-user and throughput ratio to the baseline at each concurrency, the band its "
+          "95 % interval; above the dashed 1× it pays. A vertical line marks the crossover the verdicts support: "
+          "solid where the first C not called faster is slower or equivalent, dotted where it is inconclusive "
+          "(the crossover lies at or below it).",
+          applies=has_speculative_comparisons, folder="speculation",
+          absent="No config that drafted was compared with the baseline, so there is no speculation chart."),
     Chart("throughput_vs_concurrency", "throughput_chart", ("cells",), "charts", "Throughput vs concurrency"),
     Chart("latency_vs_throughput", "latency_chart", ("cells",), "charts", "Latency vs throughput",
           "TTFT and TPOT p50/p99 against output tok/s per GPU, one line per config through its concurrencies."),

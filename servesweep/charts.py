@@ -14,6 +14,7 @@ from servesweep.aggregate import with_unit_columns
 from servesweep.chart_registry import CHARTS, has_gpu_energy
 from servesweep.frontier import frontier_by
 from servesweep.report.breakeven import METRICS as BREAK_EVEN_METRICS, chart_points as break_even_points
+from servesweep.report.speculative import chart_points as speculation_points
 
 
 def prompts_label(df: pd.DataFrame) -> pd.Series:
@@ -148,6 +149,42 @@ def break_even_chart(metas: list[dict], speedup: pd.DataFrame, baseline: str) ->
     return (alt.layer(line, bars, points, rule, data=data).properties(width=260, height=200)
             .facet(row=alt.Row("panel:N", title=None, sort=list(dict.fromkeys(data["panel"]))),
                    column=alt.Column("metric:N", title=None, sort=[name for name, _, _ in BREAK_EVEN_METRICS]))
+            .properties(title=title))
+
+
+def speculation_chart(speedup: pd.DataFrame, baseline: str) -> alt.Chart:
+    """Speedup over the baseline vs concurrency (both log scales) of every speculative config
+    (servesweep.report.speculative.chart_points), one line per config with its 95 % interval as a band (an end a log
+    axis cannot show, 0 or unbounded, or a comparison without an interval, narrows the band to the point), a dashed
+    rule at 1× and a vertical rule at the crossover the verdicts support (solid: stops paying; dotted: not resolved);
+    columns: per user, throughput; rows: prompt sets."""
+    data = speculation_points(speedup)
+    data = data[(data["ratio"] > 0) & data["ratio"].map(math.isfinite)].copy()
+    title = alt.TitleParams(f"Speculative decoding: speedup over {baseline} vs concurrency",
+                            subtitle="Band: 95 % interval; dashed: 1×; vertical line: the crossover the verdicts "
+                                     "support (solid: stops paying, dotted: not resolved).")
+    for end in ("lo", "hi"):
+        data[f"{end}_drawn"] = data[end].where(data[end].map(lambda v: pd.notna(v) and 0 < v < math.inf),
+                                               data["ratio"])
+    values = pd.concat([data["lo_drawn"], data["hi_drawn"], pd.Series([1.0])])
+    y = alt.Y("ratio:Q", title=f"× {baseline} (log)",
+              scale=alt.Scale(type="log", nice=False, domain=[values.min() / 1.1, values.max() * 1.1]))
+    base = alt.Chart().encode(x=concurrency_axis(data["concurrency"]), color=alt.Color("config:N", title="config"))
+    # the points come sorted by concurrency: an order channel would keep an area from drawing at all
+    band = base.mark_area(opacity=0.2).encode(y=alt.Y("lo_drawn:Q", title=f"× {baseline} (log)"), y2="hi_drawn:Q")
+    line = base.mark_line(point=True).encode(
+        y=y, order=alt.Order("concurrency:Q"),
+        tooltip=["config", "prompts", "concurrency", "metric", alt.Tooltip("ratio:Q", format=".2f"),
+                 alt.Tooltip("lo:Q", format=".2f"), alt.Tooltip("hi:Q", format=".2f"), "verdict"])
+    one = alt.Chart().transform_aggregate(n="count()").mark_rule(color="black", strokeDash=[4, 3]).encode(
+        y=alt.datum(1.0))
+    cross = base.transform_filter("datum.crossover != ''").mark_rule(size=2).encode(
+        strokeDash=alt.StrokeDash("crossover:N", title="crossover", sort=["stops paying", "not resolved"],
+                                  scale=alt.Scale(domain=["stops paying", "not resolved"], range=[[1, 0], [2, 3]])),
+        tooltip=["config", "prompts", "metric", "concurrency", "crossover", "verdict"])
+    return (alt.layer(band, line, one, cross, data=data).properties(width=260, height=200)
+            .facet(row=alt.Row("prompts:N", title=None, sort=list(dict.fromkeys(data["prompts"]))),
+                   column=alt.Column("metric:N", title=None, sort=["per user", "throughput"]))
             .properties(title=title))
 
 

@@ -154,6 +154,21 @@ def paired_ratio(repeats, cfg: str, workload: str, conc, column: str = "agg_outp
     return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
 
 
+def matrix_table(text: str, prompts: str, metric: str) -> dict[str, list[str]]:
+    """The config × C table of a FINDINGS.md (servesweep/report/matrix.py) for one prompt set ("synthetic 1024-token
+    prompts") and metric ("per user", "throughput"): {row label: its cells}, the header's under "config"."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"#### {prompts}: {metric} ("))
+    table = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if not cells[0].startswith("---"):
+            table[cells[0]] = cells[1:]
+    return table
+
+
 def example_fixtures(example: Path, configs):
     """A recorded example's module-scoped fixtures, for a test module to bind as ``report, repeats, metas =
     example_fixtures(EXAMPLE, CONFIGS)``: ``report`` (:func:`rebuilt_example` under a temporary folder), ``repeats``

@@ -1,22 +1,17 @@
 """Every claim of a FINDINGS.md's verdict lines recomputed from the tables it was written from.
 
-Instead of freezing the report's sentences, the tests parse what it says — each ratio, interval and verdict against
-the baseline, each interactive/batch answer, "the only config measured" — and check it against speedup.csv and
-cells.csv. A sentence that contradicts the tables fails, whatever its wording.
+Instead of freezing the report's sentences, the tests parse what it says — every cell of the config × C tables (each
+ratio, interval, mark and verdict against the baseline, and the baseline's own figures), "the only config measured",
+the speculative section's crossovers — and check it against speedup.csv and cells.csv. A claim that contradicts the
+tables fails, whatever its wording, and a table that leaves out or adds a comparison fails too.
 """
 from __future__ import annotations
 
-import math
 import re
 
 import pandas as pd
 
 PROMPTS = r"(?:synthetic \d+-token|[\w-]+) prompts"
-ITEM = re.compile(r"`(?P<cfg>[^`]+)` (?P<ratio>[\d.]+)× (?:\[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]|\(no interval\)),? "
-                  r"(?P<verdict>different but within ±\d+% \((?:faster|slower)\)|faster|slower|equivalent within ±\d+%|"
-                  r"inconclusive|not measurable|no verdict: one launch per config|not compared: host busy|failed measurement: speculation never ran|"
-                  r"not decided: the offered load sets throughput here|"
-                  r"not decided: the users moved in lockstep, so the window's throughput moves by whole waves)")
 
 
 def _prompts(label: str) -> tuple[str, int | None]:
@@ -24,57 +19,119 @@ def _prompts(label: str) -> tuple[str, int | None]:
     return ("synthetic", int(m.group(1))) if m else (label.rsplit(" prompts", 1)[0], None)
 
 
-def _row(speedup: pd.DataFrame, cfg: str, label: str, c: int) -> pd.Series:
-    workload, ctx = _prompts(label)
-    sel = speedup[(speedup["config"] == cfg) & (speedup["workload"] == workload) & (speedup["concurrency"] == c)]
-    if ctx is not None:
-        sel = sel[sel["ctx"] == ctx]
-    assert len(sel) == 1, f"the report names `{cfg}` on {label} at C={c}, which speedup.csv has {len(sel)} times"
-    return sel.iloc[0]
+# The tables of every config against the baseline (servesweep/report/matrix.py): a heading per prompt set and metric,
+# then "| config | C=1 | ... |", the baseline's own figures, then one row per compared config.
+TABLE_HEADING = re.compile(r"#### (?P<prompts>" + PROMPTS + r"): (?P<metric>per user|throughput) \(")
+TABLE_CELL = re.compile(r"(?P<mark>\S) (?P<ratio>[^ ×]+)× (?:\[(?P<lo>[^,]+), (?P<hi>[^\]]+)\]|\(no interval\)) "
+                        r"(?P<words>.+?)(?: \(~(?P<blocks>\d+) blocks\))?(?P<client> \(client-bound\))?")
+# what a verdict of speedup.csv must read as in a table cell: (mark, words)
+FIXED_MARKS = {"faster": ("▲", "faster"), "slower": ("▼", "slower"), "inconclusive": ("?", "inconclusive"),
+               "not measurable": ("·", "not measurable"), "no verdict: one launch per config": ("·", "no verdict"),
+               "not decided: the offered load sets throughput here": ("·", "not decided (the load's)"),
+               "not decided: the users moved in lockstep, so the window's throughput moves by whole waves":
+                   ("·", "not decided (lockstep)")}
 
 
-def _same(item: re.Match, row: pd.Series, prefix: str) -> None:
-    ratio = row[f"{prefix}speedup"]
-    assert float(item["ratio"]) == round(ratio, 2), (item.group(0), ratio)
-    if item["lo"] is not None:
-        assert float(item["lo"]) == round(row[f"{prefix}speedup_lo"], 2) and \
-            float(item["hi"]) == round(row[f"{prefix}speedup_hi"], 2), (item.group(0), row)
-    else:
-        assert math.isnan(row[f"{prefix}speedup_lo"])
-    verdict = row["verdict" if not prefix else "per_request_verdict"]
-    assert item["verdict"] == verdict, (item.group(0), verdict)
+def expected_mark(verdict: str) -> tuple[str, str]:
+    """The mark and words a table must show for ``verdict``."""
+    if verdict in FIXED_MARKS:
+        return FIXED_MARKS[verdict]
+    if m := re.fullmatch(r"equivalent within (±\d+%)", verdict):
+        return "≈", f"equivalent {m[1]}"
+    if m := re.fullmatch(r"different but within (±\d+% \((?:faster|slower)\))", verdict):
+        return "≈", f"within {m[1]}"
+    return "✕", verdict.split(":")[0]
+
+
+def _number(text: str, value) -> None:
+    assert text == ("–" if pd.isna(value) else f"{value:.2f}"), (text, value)
+
+
+def _table_rows(lines: list[str], start: int) -> list[list[str]]:
+    rows = []
+    for line in lines[start:]:
+        if not line.strip() and not rows:
+            continue
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def check_tables(text: str, speedup: pd.DataFrame, cells: pd.DataFrame) -> int:
+    """Every cell of every config × C table: the baseline's row against cells.csv, each other config's ratio,
+    interval, mark and verdict against its speedup.csv row, and every comparison of the table's prompt set and metric
+    shown exactly once (none missing, none added); every prompt set the baseline ran has both tables."""
+    speedup = speedup[speedup["load"] == "concurrency"] if "load" in speedup else speedup
+    cells = cells[cells["load"] == "concurrency"] if "load" in cells else cells
+    lines, checked, tables = text.splitlines(), 0, set()
+    baseline = None
+    for i, line in enumerate(lines):
+        heading = TABLE_HEADING.match(line)
+        if not heading:
+            continue
+        workload, ctx = _prompts(heading["prompts"])
+        prefix = "per_request_" if heading["metric"] == "per user" else ""
+        verdict_col = "per_request_verdict" if prefix else "verdict"
+        column = "per_request_tok_s" if prefix else "agg_output_tok_s"
+        here = speedup[speedup["workload"] == workload]
+        mine = cells[cells["workload"] == workload]
+        if ctx is not None:
+            here, mine = here[here["ctx"] == ctx], mine[mine["ctx"] == ctx]
+        rows = _table_rows(lines, i + 1)
+        assert rows[0][0] == "config" and all(re.fullmatch(r"C=\d+", h) for h in rows[0][1:]), rows[0]
+        levels = [int(h[2:]) for h in rows[0][1:]]
+        assert levels == sorted(set(mine["concurrency"].astype(int)) | set(here["concurrency"].astype(int))), levels
+        shown = set()
+        for row in rows[2:]:
+            assert len(row) == len(levels) + 1, row
+            cfg = re.match(r"`([^`]+)`", row[0])[1]
+            if row[0] == f"`{cfg}` (baseline)":
+                baseline = cfg
+                base = mine[mine["config"] == cfg].set_index("concurrency")
+                for c, value in zip(levels, row[1:]):
+                    assert value == (f"{base.loc[c, column]:.1f}" if c in base.index else "–"), (row, c)
+                    checked += c in base.index
+                continue
+            mine_rows = here[here["config"] == cfg]
+            replicate = "family" in mine_rows and (mine_rows["family"] == "replicate check").any()
+            assert row[0].endswith(" (replicate check)") == bool(replicate), row[0]
+            for c, value in zip(levels, row[1:]):
+                sel = mine_rows[mine_rows["concurrency"] == c]
+                if value == "–":
+                    assert sel.empty, (row[0], c, "a comparison speedup.csv has is missing")
+                    continue
+                assert len(sel) == 1, (row[0], c, f"speedup.csv has {len(sel)} such comparisons")
+                r, cell = sel.iloc[0], TABLE_CELL.fullmatch(value)
+                assert cell, value
+                _number(cell["ratio"], r[f"{prefix}speedup"])
+                if cell["lo"] is None:
+                    assert pd.isna(r[f"{prefix}speedup_lo"]), value
+                else:
+                    _number(cell["lo"], r[f"{prefix}speedup_lo"])
+                    _number(cell["hi"], r[f"{prefix}speedup_hi"])
+                assert (cell["mark"], cell["words"]) == expected_mark(str(r[verdict_col])), (value, r[verdict_col])
+                blocks = r.get("blocks_to_decide") if not prefix and r[verdict_col] == "inconclusive" else None
+                assert cell["blocks"] == (None if blocks is None or pd.isna(blocks) else str(int(blocks))), value
+                client = r.get("client_bound")
+                assert bool(cell["client"]) == (pd.notna(client) and bool(client)), value
+                shown.add((cfg, c))
+                checked += 1
+        assert shown == set(zip(here["config"], here["concurrency"].astype(int))), (heading.group(0), shown)
+        tables.add((workload, ctx, heading["metric"]))
+    if baseline is not None:  # every prompt set the baseline ran, both metrics
+        ran = cells[cells["config"] == baseline]
+        for workload, ctx in set(zip(ran["workload"], ran["ctx"])):
+            key_ctx = int(ctx) if workload == "synthetic" else None
+            assert {(workload, key_ctx, m) for m in ("per user", "throughput")} <= tables, (workload, ctx, tables)
+    return checked
 
 
 def check_claims(text: str, speedup: pd.DataFrame, cells: pd.DataFrame) -> int:
-    """Check every verdict claim of ``text``; returns how many were checked (a test asserts it is not 0)."""
-    speedup = speedup[speedup["load"] == "concurrency"] if "load" in speedup else speedup
-    checked = 0
+    """Check every verdict claim of ``text`` (the config × C tables, :func:`check_tables`, and "the only config
+    measured" lines); returns how many were checked (a test asserts it is not 0)."""
+    checked = check_tables(text, speedup, cells)
     for line in text.splitlines():
-        found = re.match(r"- `(?P<cfg>[^`]+)` on (?P<prompts>" + PROMPTS + r")(?: \([^)]*\))?: (?P<series>C=.*)",
-                         line)
-        if found:  # per-config findings against the baseline
-            for part in re.finditer(r"C=(\d+): ", found["series"]):
-                c = int(part.group(1))
-                rest = found["series"][part.end():]
-                item = ITEM.match(f"`{found['cfg']}` " + rest)
-                assert item, line
-                _same(item, _row(speedup, found["cfg"], found["prompts"], c), "")
-                checked += 1
-            continue
-        answer = re.match(r"\*\*(Interactive|Batch)\*\* \([^)]*(?:\([^)]*\))?[^)]*\) — (.*)", line)
-        if answer:
-            prefix = "per_request_" if answer.group(1) == "Interactive" else ""
-            for seg in re.finditer(r"(?P<prompts>" + PROMPTS + r"), C=(?P<c>\d+): (?P<body>.*?)(?=(?: " + PROMPTS
-                                   + r", C=\d+:)|$)", answer.group(2)):
-                c = int(seg["c"])
-                head = re.match(r"\*\*`([^`]+)`\*\* is faster than", seg["body"])
-                against = seg["body"].split("): ", 1)[-1]
-                for item in ITEM.finditer(against):
-                    _same(item, _row(speedup, item["cfg"], seg["prompts"], c), prefix)
-                    checked += 1
-                if head:
-                    row = _row(speedup, head.group(1), seg["prompts"], c)
-                    assert str(row["per_request_verdict" if prefix else "verdict"]).startswith("faster"), line
         only = re.match(r"- (?P<cell>.*?C=(?P<c>\d+)): `(?P<cfg>[^`]+)` \([\d.]+ tok/s\), the only config measured",
                         line)
         if only:
@@ -90,11 +147,9 @@ def check_claims(text: str, speedup: pd.DataFrame, cells: pd.DataFrame) -> int:
     return checked
 
 
-# The "Speculative decoding" section (servesweep/report/speculative.py) and its first-screen line.
-SPEC_SEGMENT = re.compile(r"`(?P<cfg>[^`]+)` on (?P<prompts>" + PROMPTS + r"), (?P<metric>per user|throughput): "
-                          r"(?P<items>C=.*?) — (?P<cross>[^—]+?)\.(?= `|$)")
-UNDECIDED_SEGMENT = re.compile(r"`(?P<cfg>[^`]+)`: where it pays is not decided — no verdict: one launch per config "
-                               r"at every C")
+# The "Speculative decoding" section (servesweep/report/speculative.py): its crossover table, acceptance and cost.
+CROSSOVER_ROW = re.compile(r"\| `(?P<cfg>[^`]+)`[^|]* \| [^|]+ \| (?P<prompts>" + PROMPTS + r") \| "
+                           r"(?P<metric>per user|throughput) \| (?P<cross>[^|]+) \| (?P<tally>[^|]+) \|")
 ACCEPTANCE_ROW = re.compile(r"\| `(?P<cfg>[^`]+)` \| (?P<prompts>" + PROMPTS + r") \| (?P<c>\d+) \| "
                             r"(?P<length>[\d.]+|–)(?: ± (?P<half>[\d.]+))? \| (?P<rate>\d+ %|–) \|")
 MEMORY = re.compile(r"(?P<prompts>" + PROMPTS + r") C=(?P<c>\d+): peak GPU memory (?P<mine>[\d,]+) MiB against "
@@ -158,37 +213,23 @@ def _check_tally(claim: str, points: list[tuple[int, str]]) -> None:
 
 
 def check_speculative_claims(text: str, speedup: pd.DataFrame, cells: pd.DataFrame) -> int:
-    """Check every claim of the speculative-decoding section and its summary line: each point's ratio, interval and
-    verdict, each crossover against the verdicts, the acceptance table and the memory and step-time figures."""
+    """Check every claim of the speculative-decoding section: each crossover and tally of its table against the
+    verdicts, the acceptance table and the memory and step-time figures."""
     speedup = speedup[speedup["load"] == "concurrency"] if "load" in speedup else speedup
     checked = 0
     for line in text.splitlines():
-        if not line.startswith(("- `", "**Speculation**", "| `")):
+        if not line.startswith(("- `", "| `")):
             continue
-        for seg in SPEC_SEGMENT.finditer(line):
-            prefix = "per_request_" if seg["metric"] == "per user" else ""
-            vcol = "per_request_verdict" if prefix else "verdict"
-            for part in seg["items"].split("; C="):
-                c, rest = part.removeprefix("C=").split(": ", 1)
-                item = ITEM.match(f"`{seg['cfg']}` " + rest)
-                assert item, (line, part)
-                _same(item, _row(speedup, seg["cfg"], seg["prompts"], int(c)), prefix)
-                checked += 1
+        if seg := CROSSOVER_ROW.fullmatch(line):
+            vcol = "per_request_verdict" if seg["metric"] == "per user" else "verdict"
             workload, ctx = _prompts(seg["prompts"])
             rows = speedup[(speedup["config"] == seg["cfg"]) & (speedup["workload"] == workload)]
             rows = (rows[rows["ctx"] == ctx] if ctx is not None else rows).sort_values("concurrency")
             points = [(int(r["concurrency"]), str(r[vcol])) for r in rows.to_dict("records")]
-            cross, _, by_verdict = seg["cross"].partition("; by verdict: ")
-            _check_crossover(cross, points)
-            checked += 1
-            if by_verdict:
-                _check_tally(by_verdict, points)
-                checked += 1
-        for seg in UNDECIDED_SEGMENT.finditer(line):
-            rows = speedup[speedup["config"] == seg["cfg"]]
-            assert len(rows) and set(rows["verdict"]) | set(rows["per_request_verdict"]) == {
-                "no verdict: one launch per config"}, line
-            checked += 1
+            assert points, line
+            _check_crossover(seg["cross"], points)
+            _check_tally(seg["tally"], points)
+            checked += 2
         if row := ACCEPTANCE_ROW.match(line):
             r = _cells_row(cells, row["cfg"], row["prompts"], int(row["c"]))
             if row["length"] == "–":

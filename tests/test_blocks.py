@@ -92,7 +92,7 @@ def test_blocks_split_alike_share_one_flag():
     text = " ".join(lines)
     assert text.count("measured in 2 runs") == 2
     assert ("Blocks 0, 1 and 2 were each measured in 2 runs (`ar`, `ar-noradix` in run `r1`; `ar-copy` in run "
-            "`r2`): their launches are not paired across them") in text
+            "`r2`): across runs their launches are compared unpaired, every launch kept (Welch)") in text
     assert "Block 3 was measured in 2 runs (`x` in run `r3`; `ar` in run `r1`)" in text
 
 

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from conftest import matrix_table
 from report_claims import check_claims
 import pytest
 
@@ -53,7 +54,12 @@ def test_verdicts(report):
     assert ("- ctx=1024 C=64: `ep2` 5926.6 (no verdict: one launch per config) tok/s. Left out: `dp2` (9456.5, client-bound: the client's pace, "
             "not the server's), `pp2` (5226.7, client-bound") in text and "the only config measured" not in text
     assert "`tp2` ctx=1024 C=64: client-bound in 2 of 3 rounds" in text
-    assert "- `pp2` on synthetic 1024-token prompts: C=1: 0.30× [0.25, 0.35] no verdict: one launch per config" in text
+    throughput = matrix_table(text, "synthetic 1024-token prompts", "throughput")
+    assert throughput["config"] == ["C=1", "C=64"]
+    assert throughput["`pp2`"][0] == "· 0.30× [0.25, 0.35] no verdict"
+    # the client set the pace of every C=64 comparison (the baseline's cell was client-bound): said in each cell
+    assert all(row[1].endswith(" no verdict (client-bound)") for label, row in throughput.items()
+               if label not in ("config", "`tp2` (baseline)"))
 
 
 def test_identity_under_parallelism_on_the_real_servers():

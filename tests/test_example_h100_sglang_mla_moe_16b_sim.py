@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import example_fixtures, example_readme, paired_ratio
+from conftest import example_fixtures, example_readme, matrix_table, paired_ratio
 
 from servesweep import decide
 
@@ -106,10 +106,15 @@ def test_where_it_pays(repeats, report):
         got = ["{:.2f}× [{:.2f}, {:.2f}]".format(*paired_ratio(repeats, "dflash-l16", W, c, col)) for c in (1, 4, 16, 64)]
         assert got == expected
         assert " | ".join(f"{e} faster" for e in expected) in readme()
-    assert "`dflash-l16` (simulated acceptance 16) on synthetic 1024-token prompts, per user: C=1: 5.41× [5.40, " \
-           "5.42] faster" in text
-    assert "`dflash-sim` (simulated acceptance 6.35) on synthetic 1024-token prompts, per user: C=1: 2.10× " \
-           "(no interval) not measurable" in text
+        # the report's table: every C called faster, each with the ratio recomputed here from the launches
+        metric = "per user" if col == "per_request_tok_s" else "throughput"
+        table = matrix_table(text, f"{W} 1024-token prompts", metric)
+        assert table["`dflash-l16` (simulated acceptance 16)"] == [f"▲ {e} faster" for e in expected]
+    # one launch on one side: no interval, so no verdict, in every cell
+    for (cfg, col), expected in one_launch.items():
+        metric = "per user" if col == "per_request_tok_s" else "throughput"
+        row = matrix_table(text, f"{W} 1024-token prompts", metric)[f"`{cfg}` (simulated acceptance {SETTING[cfg]:g})"]
+        assert row == [f"· {e} (no interval) not measurable" for e in expected.split(" | ")]
 
 
 def test_the_regime_and_the_launch_to_launch_figures(repeats, report):

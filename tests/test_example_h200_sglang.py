@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from conftest import matrix_table
 from report_claims import check_claims
 import pytest
 
@@ -82,7 +83,13 @@ def test_speedups_under_the_sweeps_rule(report):
     assert (speedup["verdict"] == "no verdict: one launch per config").all()
     assert (speedup[speedup.config == "ar-nograph"].speedup_hi < 0.7).all()
     assert round(s.loc[("ngram", 1024, 1), "speedup"], 2) == 2.34 and s.loc[("ngram", 128, 1), "speedup_lo"] > 1.3
-    assert "not decided (one launch per config)" in text
+    # every cell of every table shown and marked without a verdict
+    for prompts in ("synthetic 128-token prompts", "synthetic 1024-token prompts"):
+        for metric in ("per user", "throughput"):
+            table = matrix_table(text, prompts, metric)
+            cells = [c for label, row in table.items() if label not in ("config", "`ar` (baseline)") for c in row]
+            assert len(cells) == 2 * 3 and all(c.startswith("· ") and c.removesuffix(" (client-bound)").endswith(
+                " no verdict") for c in cells)
 
 
 def test_configs_packed_side_by_side_are_named(report):
@@ -94,7 +101,9 @@ def test_summary_opens_the_report(report):
     text, _, _ = report
     assert text.index("## Summary") < text.index("## Setup")
     assert "**Per SLO: interactive: TTFT p99 ≤ 450 ms, TPOT p99 ≤ 40 ms**" in text
-    assert text.index("**Interactive**") < text.index("**Batch**") < text.index("**Per SLO") < text.index("## Setup")
+    # after the first screen's chart: every config against the baseline, per user then throughput, then the picks
+    assert text.index("![") < text.index("### Every config against the baseline") < text.index(": per user (") \
+        < text.index(": throughput (") < text.index("**Per SLO") < text.index("## Setup")
     assert "No prices in the config's `cost:` section" in text
 
 

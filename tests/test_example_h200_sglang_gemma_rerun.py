@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import rebuilt_example
+from conftest import matrix_table, rebuilt_example
 import yaml
 
 from servesweep.rebuild import report_from_example
@@ -80,9 +80,10 @@ def test_two_runs_of_one_config(report):
     now = cells.set_index(["config", "workload", "concurrency"]).agg_output_tok_s
     then = pd.read_csv(FIRST / "report" / "cells.csv").set_index(["config", "workload", "concurrency"]).agg_output_tok_s
     assert (now < then).all() and len(now) == 8
-    assert "- `ngram` on humaneval prompts: C=1: 1.58× [1.30, 1.93] no verdict: one launch per config; C=16: 0.67× [0.50, 0.89] no verdict: one launch per config." in text
-    assert ("- `ngram` on sharegpt prompts: C=1: 1.77× [1.55, 2.01] no verdict: one launch per config; C=16: 1.21× [0.91, 1.61] no verdict: one launch per config"
-            in text)
+    assert matrix_table(text, "humaneval prompts", "throughput")["`ngram`"] == [
+        "· 1.58× [1.30, 1.93] no verdict", "· 0.67× [0.50, 0.89] no verdict"]
+    assert matrix_table(text, "sharegpt prompts", "throughput")["`ngram`"] == [
+        "· 1.77× [1.55, 2.01] no verdict", "· 1.21× [0.91, 1.61] no verdict"]
     first = pd.read_csv(FIRST / "report" / "speedup.csv").set_index(["workload", "concurrency"])
     # neither run is decided (one launch per config each), but their intervals on HumanEval at C = 16 both lie
     # below 1 and overlap: the runs do not contradict each other there

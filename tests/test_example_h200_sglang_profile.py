@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import rebuilt_example
+from conftest import matrix_table, rebuilt_example
 
 from servesweep import diagnosis
 from servesweep.engines.sglang import SGLangEngine
@@ -162,8 +162,11 @@ def test_no_verdict_one_launch_per_config(report):
     assert (speedup["design"] == "one launch per config").all()
     assert [round(speedup.loc[c, "speedup"], 2) for c in (1, 64)] == [0.08, 0.29]
     assert [round(speedup.loc[c, "per_request_speedup"], 2) for c in (1, 64)] == [0.06, 0.25]
-    assert ("- `ar-nograph` on sharegpt prompts: C=1: 0.08× (no interval) not measurable; C=64: 0.29× (no interval) "
-            "not measurable.") in text
+    # C = 1 was client-bound (below), which each of its cells says
+    assert matrix_table(text, "sharegpt prompts", "throughput")["`ar-nograph`"] == [
+        "· 0.08× (no interval) not measurable (client-bound)", "· 0.29× (no interval) not measurable"]
+    assert matrix_table(text, "sharegpt prompts", "per user")["`ar-nograph`"] == [
+        "· 0.06× (no interval) not measurable (client-bound)", "· 0.25× (no interval) not measurable"]
     assert "0.08× at C = 1 and 0.29× at C = 64 in output tok/s (0.06× and 0.25× per request)" in readme()
     assert set(cells["bottleneck"]) == {diagnosis.HOST}
     for cfg in CONFIGS:

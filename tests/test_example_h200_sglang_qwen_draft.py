@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import example_metas, example_readme, example_repeats, rebuilt_example
+from conftest import example_metas, example_readme, example_repeats, matrix_table, rebuilt_example
 
 pytestmark = pytest.mark.shares_host
 
@@ -123,8 +123,13 @@ def test_the_report_names_the_failure_and_decides_nothing(report):
     assert "## Speculative decoding" in text and "`STANDALONE`, draft length 4" in text
     spec = text.split("## Speculative decoding")[1].split("\n## ")[0]
     assert "not measurable" in spec and "no crossover claimed" in spec
-    lines = [line for line in spec.splitlines() if line.startswith("- `draft-k4` on")]
-    assert len(lines) == 4 and not any(" faster" in line or " slower" in line for line in lines)
+    # per prompt set and metric a crossover row, none claiming one
+    rows = [line for line in spec.splitlines() if line.startswith("| `draft-k4` | `STANDALONE`")]
+    assert len(rows) == 4 and all("| no crossover claimed: C=1 not measurable | faster at no C |" in r for r in rows)
+    for prompts in ("humaneval prompts", "sharegpt prompts"):
+        for metric in ("per user", "throughput"):
+            assert all(c.startswith("· ") and " not measurable" in c
+                       for c in matrix_table(text, prompts, metric)["`draft-k4`"])
     assert "a step 16.06 ms against 1.99 ms per plain decode step (8.06×)" in text
     assert "1,307,316 tokens against the baseline's 2,472,929" in text and "1,213 MiB of weights" in text
     assert "target verify CUDA-graph capture 0.35 GB" in text and "draft decode CUDA-graph capture 0.28 GB" in text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import example_metas, example_readme, example_repeats, rebuilt_example
+from conftest import example_metas, example_readme, example_repeats, matrix_table, rebuilt_example
 
 pytestmark = pytest.mark.shares_host
 
@@ -124,8 +124,13 @@ def test_the_report_names_the_missing_launch_and_decides_nothing(report):
     assert "different runs of the pipeline" not in text
     spec = text.split("## Speculative decoding")[1].split("\n## ")[0]
     assert "`STANDALONE`, draft length 8" in spec and "no crossover claimed" in spec
-    lines = [line for line in spec.splitlines() if line.startswith("- `draft-k8` on")]
-    assert len(lines) == 4 and not any(" faster" in line or " slower" in line for line in lines)
+    # per prompt set and metric a crossover row, none claiming one
+    rows = [line for line in spec.splitlines() if line.startswith("| `draft-k8` | `STANDALONE`")]
+    assert len(rows) == 4 and all("| no crossover claimed: C=1 not measurable | faster at no C |" in r for r in rows)
+    for prompts in ("humaneval prompts", "sharegpt prompts"):
+        for metric in ("per user", "throughput"):
+            assert all(c.startswith("· ") and " not measurable" in c
+                       for c in matrix_table(text, prompts, metric)["`draft-k8`"])
     assert "a step 24.66 ms against 2.04 ms per plain decode step (12.10×)" in text
     assert "1,307,316 tokens against the baseline's 2,472,929" in text and "1,213 MiB of weights" in text
     assert "draft decode CUDA-graph capture 0.60 GB" in text and "target verify CUDA-graph capture 0.59 GB" in text

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import (example_job_times, example_metas, example_readme, example_repeats, paired_ratio,
+from conftest import (example_job_times, example_metas, example_readme, example_repeats, matrix_table, paired_ratio,
                       rebuilt_example)
 
 from servesweep import decide
@@ -140,8 +140,8 @@ def test_correctness_and_the_first_screen(report):
         assert f"- `{cfg}`: 4/4 completions identical (100 %): lossless." in text
     assert "`ar` (the baseline) generated each prompt a second time, asking for log-probabilities: 4 of 4 " \
            "completions identical to the first." in text
-    assert "`draft-k4` on sharegpt prompts, per user: C=1: 0.25× [0.19, 0.32] slower" in text
-    assert "does not pay at C=1, the lowest C measured (slower)" in text
+    assert matrix_table(text, "sharegpt prompts", "per user")["`draft-k4`"][0] == "▼ 0.25× [0.19, 0.32] slower"
+    assert "| sharegpt prompts | per user | does not pay at C=1, the lowest C measured (slower) |" in text
     assert "beyond ±1,000 % per user at C=1; beyond ±1,000 % throughput at C=64" in text
     # the committed regenerated report is what the current code writes
     assert text == (EXAMPLE / "report" / "FINDINGS.md").read_text()

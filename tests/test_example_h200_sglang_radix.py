@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import rebuilt_example
+from conftest import matrix_table, rebuilt_example
 
 from servesweep import decide
 
@@ -165,7 +165,10 @@ def test_verdicts_the_replicate_and_the_split_blocks(report):
     assert "Blocks 0, 1 and 2 were each measured in 2 runs (`ar`, `ar-noradix` in run `20261202T151923-1067`; " \
            "`ar-copy` in run `20261202T153401-5607`)" in text
     assert "smallest difference seen: ±202.4 % per user at C=1." in text
-    assert "`ar-noradix` 1.10× [0.73, 1.65], not decided: the users moved in lockstep" in text
+    assert "`ar-noradix` 1.10× [0.73, 1.65] not decided (lockstep) |" in text
+    # throughput at the highest C, as the first screen's batch row
+    assert matrix_table(text, "multi_turn prompts", "throughput")["`ar-noradix`"][-1] == \
+        "· 1.10× [0.73, 1.65] not decided (lockstep)"
     # the committed regenerated report is what the current code writes
     assert text == (EXAMPLE / "report" / "FINDINGS.md").read_text()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import example_metas, example_readme, example_repeats
+from conftest import example_metas, example_readme, example_repeats, matrix_table
 
 from servesweep.rebuild import report_from_example
 
@@ -176,7 +176,8 @@ def test_memory_and_correctness(metas):
 def test_the_regenerated_report_compares_nothing(tmp_path, draft):
     text = report_from_example(EXAMPLE, tmp_path)
     assert "0 comparisons against the baseline (none decided)" in text
-    assert "humaneval prompts, C=1: only `draft-k8` ran" in text
+    # the baseline's own figures, and no other row: nothing was compared
+    assert list(matrix_table(text, "humaneval prompts", "per user")) == ["config", "`draft-k8` (baseline)"]
     assert "accept length (tokens per verify step, bonus token included): humaneval C=1: " \
            f"{draft.loc[('humaneval', 1), 'accept_length']:.2f}" in text
     # the draft config is the sweep's baseline: no step time against a "plain" decode of itself

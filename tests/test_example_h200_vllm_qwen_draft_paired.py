@@ -118,7 +118,6 @@ def test_correctness_and_the_first_screen(report):
     assert "- `draft-k8`: 4/4 completions identical (100 %): lossless." in text
     assert "`ar` (the baseline) generated each prompt a second time, asking for log-probabilities: 4 of 4 " \
            "completions identical to the first." in text
-    assert text.count("not resolved at C=1, the lowest C measured (inconclusive)") >= 4
-    assert "by verdict: faster at no C" in text
+    assert text.count("| not resolved at C=1, the lowest C measured (inconclusive) | faster at no C") >= 4
     # the committed regenerated report is what the current code writes
     assert text == (EXAMPLE / "report" / "FINDINGS.md").read_text()

@@ -181,7 +181,7 @@ def test_the_report_is_built_from_the_configs_that_finished_and_names_the_failed
     text = report_from_runs(runs + [broken.meta.parent], config, next((EXAMPLE / "pipeline" / "env").glob("*.md")),
                             tmp_path / "report")
     first = text[:text.index("## Setup")]
-    assert first.index("**Failed**") < first.index("**Interactive**")
+    assert first.index("**Failed**") < first.index("| question | pick |")
     attempt = results / "attempts" / "broken" / "b0-20260101T000000"
     assert ("**Failed** — `broken` failed in every launch and is in no table (block 0: measurement (while measuring "
             "its matrix) — ServerStartError: the server exited during synthetic ctx=32 C=4 repeat 0 (exit code -9); "
@@ -278,9 +278,11 @@ def test_a_sweep_with_a_failing_config_still_reports(tmp_path):
     speedup = pd.read_csv(work / "results" / "tables" / "speedup.csv").set_index("config")
     assert speedup.loc["liar", "verdict"].startswith("left out") and speedup.loc["liar", "family"] == "left out"
     assert "`liar` at C=" not in first[first.index("**Per SLO"):]
-    for line in first.splitlines():
-        if line.startswith(("**Interactive**", "**Batch**")):
-            assert "`liar` " not in line or "left out" in line, line
+    rows = [line for line in first.splitlines() if line.startswith("| `liar`")]
+    assert rows  # in the tables of every config against the baseline, each of its cells marked not compared
+    for line in rows:
+        cells_ = [c.strip() for c in line.strip().strip("|").split(" | ")[1:]]
+        assert all(c.startswith("✕ ") and c.endswith(" left out") for c in cells_ if c != "–"), line
     cells = pd.read_csv(work / "results" / "tables" / "cells.csv")
     assert sorted(cells["config"]) == ["base", "flaky", "liar"]
     assert list(cells.sort_values("config")["repeats"]) == [2, 1, 2]

@@ -69,10 +69,13 @@ def test_pipeline_end_to_end(workdir):
     snakemake(workdir, "report")
     findings = (workdir / "results/report/FINDINGS.md").read_text()
     assert "## Findings" in findings and "Every config per cell" in findings
-    # the first screen's table and resolution, the chart, then the same answers in words, before any method text
+    # the first screen's table and resolution, the chart, then every config against the baseline per prompt set and
+    # metric, before any method text
     assert findings.index("| interactive (per user)") < findings.index("| batch (throughput)") \
-        < findings.index("**Resolution**") < findings.index("![") < findings.index("### The answers in words") \
-        < findings.index("**Interactive**") < findings.index("**Batch**") < findings.index("## How to read the verdicts")
+        < findings.index("**Resolution**") < findings.index("![") \
+        < findings.index("### Every config against the baseline") \
+        < findings.index("#### synthetic 32-token prompts: per user (") \
+        < findings.index("#### synthetic 32-token prompts: throughput (") < findings.index("## How to read the verdicts")
     for name in ("throughput_vs_concurrency", "speedup_heatmap"):
         assert (workdir / f"results/report/{name}.png").read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (workdir / f"results/report/{name}.svg").read_text()[:500]
@@ -139,7 +142,7 @@ def test_pipeline_end_to_end(workdir):
     # run on a shared CPU host can call it (one full-suite run of three on 2026-12-06 did: sharegpt C=2, 0.89×
     # [0.86, 0.92] "slower"), so what this run must get right is the report's account of whichever it was.
     assert (copy_rows["family"] == "replicate check").all() and (copy_rows["design"] == "paired blocks").all()
-    assert "`ar-copy` on synthetic 32-token prompts (replicate check" in findings
+    assert "\n| `ar-copy` (replicate check) | " in findings
     noise = json.loads((workdir / "results/tables/noise.json").read_text())
     assert noise["replicates"] == {"ar-copy": "ar"}
     assert len(noise["replicate_check"]) == 6 and noise["blocks"] == 3
@@ -153,8 +156,13 @@ def test_pipeline_end_to_end(workdir):
     else:
         assert noise["replicate_differs"] == []
         assert "Replicate check: `ar-copy`, launched exactly like the baseline, was called different in none" in findings
-    from report_claims import check_claims
+    from report_claims import check_claims, check_tables
     assert check_claims(findings, speedup, cells) > 0
+    # every cell of the config × C tables, recomputed from this run's tables: each closed-loop comparison per metric
+    # and the baseline's own figure at each of its cells
+    closed = speedup[speedup["load"] == "concurrency"]
+    base = cells[(cells["config"] == "ar") & (cells["load"] == "concurrency")]
+    assert check_tables(findings, speedup, cells) == 2 * (len(closed) + len(base))
     correctness = pd.read_csv(workdir / "results/tables/correctness.csv")
     assert set(correctness["config"]) == {"ar", "ngram", "ar-copy"}
     assert "## Correctness" in findings
@@ -196,8 +204,10 @@ def test_snakemake_html_report(workdir, tmp_path):
         assert category in seen.menu_text
     # Every chart the run wrote is in the report (a chart added without report_chart fails here), shown and decoded
     # by the browser.
-    charts = {str(p.relative_to(workdir)) for p in (workdir / "results/report").glob("*") if p.suffix in
+    # (a chart drawn only where it applies lies in a folder of its own: the speculation chart, here)
+    charts = {str(p.relative_to(workdir)) for p in (workdir / "results/report").rglob("*") if p.suffix in
               (".png", ".svg")}
+    assert "results/report/speculation/speculation_speedup.png" in charts
     assert len(charts) >= 4 and set(seen.categories["Charts"]) == charts
     assert set(seen.images_shown) == charts
     assert all(img["width"] > 100 and img["height"] > 100 for img in seen.images_shown.values()), seen.images_shown

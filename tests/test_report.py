@@ -372,20 +372,10 @@ def test_a_pick_whose_greedy_output_changed_is_flagged_in_the_summary():
     assert "Greedy output changed" not in "\n".join(screen(cells, reps, [INTERACTIVE], {}))
 
 
-def test_speedups_of_speculative_configs_on_random_weights_are_marked():
-    speedup = pd.DataFrame({"config": ["ngram"] * 2, "workload": ["synthetic"] * 2, "ctx": [1024] * 2,
-                            "concurrency": [1, 16], "speedup": [2.0, 1.1], "speedup_lo": [1.9, 0.9],
-                            "speedup_hi": [2.1, 1.3], "verdict": ["faster", "inconclusive"],
-                            "blocks_to_decide": [None, 9]})
-    marked = "\n".join(rd.config_findings(speedup, "ar", {"ngram"}))
-    assert ("C=1: 2.00× [1.90, 2.10] faster; C=16: 1.10× [0.90, 1.30] inconclusive (about 9 blocks would likely "
-            "decide it). Speculative on random weights") in marked
-    assert "random weights" not in "\n".join(rd.config_findings(speedup, "ar"))
-
-
 def test_the_claims_check_fails_on_a_sentence_the_tables_contradict(tmp_path):
-    """tests/report_claims.py, which every example's rebuilt report passes, must fail when a verdict, a ratio or an
-    "only config measured" line disagrees with the tables."""
+    """tests/report_claims.py, which every example's rebuilt report passes, must fail when a table cell (its verdict,
+    mark, ratio or interval) or an "only config measured" line disagrees with the tables, or a table drops a
+    comparison."""
     from pathlib import Path
 
     from report_claims import check_claims
@@ -395,12 +385,19 @@ def test_the_claims_check_fails_on_a_sentence_the_tables_contradict(tmp_path):
     text = report_from_example(example, tmp_path)
     speedup, cells_ = pd.read_csv(tmp_path / "speedup.csv"), pd.read_csv(tmp_path / "cells.csv")
     assert check_claims(text, speedup, cells_) >= 8
-    line = "- `ngram` on humaneval prompts: C=1: 1.57× [1.49, 1.65] no verdict: one launch per config"
-    assert line in text
-    for wrong in (line.replace("no verdict: one launch per config", "faster"), line.replace("1.57×", "1.75×"),
-                  line.replace("[1.49,", "[1.39,")):
+    start = text.index("#### humaneval prompts: throughput (")
+    line = next(row for row in text[start:].splitlines() if row.startswith("| `ngram` | "))
+    cell = "· 1.57× [1.49, 1.65] no verdict"
+    assert line.startswith(f"| `ngram` | {cell} | ")
+    for wrong in (cell.replace("· ", "▲ ").replace("no verdict", "faster"), cell.replace("1.57×", "1.75×"),
+                  cell.replace("[1.49,", "[1.39,"), cell.replace("no verdict", "not measurable"), "–"):
         with pytest.raises(AssertionError):
-            check_claims(text.replace(line, wrong), speedup, cells_)
+            check_claims(text.replace(line, line.replace(cell, wrong, 1)), speedup, cells_)
+    with pytest.raises(AssertionError):  # a config's row left out of the table
+        check_claims(text.replace(line + "\n", ""), speedup, cells_)
+    baseline = next(row for row in text[start:].splitlines() if row.startswith("| `ar` (baseline) | "))
+    with pytest.raises(AssertionError):  # the baseline's own figure
+        check_claims(text.replace(baseline, baseline.replace(" | ", " | 1", 2)), speedup, cells_)
     with pytest.raises(AssertionError):
         check_claims(text + "\n- humaneval C=16: `ngram` (1.0 tok/s), the only config measured.\n", speedup, cells_)
 

@@ -80,19 +80,21 @@ def test_the_tally_names_every_c_called_faster_and_slower(verdicts, words):
     assert rs.tally(list(zip((1, 4, 16), verdicts))) == words
 
 
-def test_a_summary_whose_lowest_c_is_unresolved_still_says_it_won_nowhere():
+def test_a_series_whose_lowest_c_is_unresolved_still_says_it_won_nowhere():
     """The SGLang draft sweep's shape (examples/h200-sglang-qwen-draft-paired/): inconclusive at the lowest C, slower
-    above it, faster nowhere; the first screen says so, and a tally that claims a win fails the check."""
+    above it, faster nowhere; the crossover table says so, and a tally that claims a win fails the check."""
     sp = speedup({"ng4": [INC, SLOWER, INC], "dm8": [INC, SLOWER, SLOWER]})
-    line = rs.summary_lines(cells(), sp, metas())[0]
-    assert "— not resolved at C=1, the lowest C measured (inconclusive); by verdict: faster at no C, slower at C=4." \
-        in line
-    assert check_speculative_claims(line, sp, cells()) > 0
+    text = "\n".join(rs.crossover_table(sp, rs.spec_configs(cells(), metas()), "ar"))
+    row = ("| `ng4` | `ngram`, draft length 4 | sharegpt prompts | throughput | not resolved at C=1, the lowest C "
+           "measured (inconclusive) | faster at no C, slower at C=4 |")
+    assert row in text
+    assert check_speculative_claims(text, sp, cells()) == 2 * 4
     with pytest.raises(AssertionError):
-        check_speculative_claims(line.replace("faster at no C, slower at C=4.", "faster at C=4."), sp, cells())
+        check_speculative_claims(text.replace(row, row.replace("faster at no C, slower at C=4", "faster at C=4")),
+                                 sp, cells())
     with pytest.raises(AssertionError):
-        check_speculative_claims(line.replace("faster at no C, slower at C=4 and C=16.", "faster at no C, slower at "
-                                              "C=4."), sp, cells())
+        check_speculative_claims(text.replace(row, row.replace("slower at C=4 |", "slower at C=4 and C=16 |")),
+                                 sp, cells())
 
 
 def test_configs_are_grouped_by_method_and_draft_length_from_their_options():
@@ -101,29 +103,42 @@ def test_configs_are_grouped_by_method_and_draft_length_from_their_options():
         ("dm8", "draft_model", 8, "small"), ("ng4", "ngram", 4, None)]
     text = "\n".join(rs.speculative_section(cells(), speedup({"ng4": [FASTER] * 3, "dm8": [FASTER] * 3}),
                                             metas(), "ar"))
-    assert "`draft_model`, draft length 8, draft model `small`:" in text and "`ngram`, draft length 4:" in text
+    assert "| `dm8` | `draft_model`, draft length 8, `small` | sharegpt prompts | per user |" in text
+    assert "| `ng4` | `ngram`, draft length 4 | sharegpt prompts | per user |" in text
 
 
 def test_section_claims_recompute_from_the_tables():
     sp = speedup({"ng4": [FASTER, INC, SLOWER], "dm8": [FASTER, FASTER, EQ]},
                  {"ng4": [FASTER, FASTER, SLOWER], "dm8": [FASTER, FASTER, FASTER]})
-    text = "\n".join(rs.summary_lines(cells(), sp, metas())
-                     + rs.speculative_section(cells(), sp, metas(draft_model_bytes=500 * 2 ** 20), "ar"))
-    # 2 configs × 2 metrics × (3 points + crossover) in the section, the summary's points, 6 acceptance rows,
-    # 6 memory cells
-    assert check_speculative_claims(text, sp, cells()) >= 16 + 6 + 6
-    assert ("- `ng4` on sharegpt prompts, throughput: C=1: 1.30× [1.10, 1.50] faster; C=4: 1.01× [1.10, 1.50] "
-            "inconclusive (about 7 blocks would likely decide it); C=16: 0.80× [1.10, 1.50] slower — not resolved "
-            "between C=1 and C=4 (faster at C=1, inconclusive at C=4).") in text
-    assert "- `ng4` on sharegpt prompts, per user: C=1: 1.40× [1.20, 1.60] faster; C=4: 1.40× [1.20, 1.60] faster; " \
-           "C=16: 1.40× [1.20, 1.60] slower — stops paying at C=16 (slower; faster up to C=4)." in text
-    summary = text.splitlines()[0]
-    assert summary.startswith("**Speculation** — ")
-    # the lowest C and the last one called faster where every C was
-    assert "`dm8` on sharegpt prompts, per user: C=1: 1.40× [1.20, 1.60] faster; C=16: 1.40× [1.20, 1.60] faster " \
-           "— pays at every C measured, up to C=16; by verdict: faster at C=1, C=4 and C=16." in summary
+    text = "\n".join(rs.speculative_section(cells(), sp, metas(draft_model_bytes=500 * 2 ** 20), "ar"))
+    # 2 configs × 2 metrics × (crossover + tally), 6 acceptance rows, 6 memory cells
+    assert check_speculative_claims(text, sp, cells()) == 8 + 6 + 6
+    assert ("| `ng4` | `ngram`, draft length 4 | sharegpt prompts | throughput | not resolved between C=1 and C=4 "
+            "(faster at C=1, inconclusive at C=4) | faster at C=1, slower at C=16 |") in text
+    assert ("| `ng4` | `ngram`, draft length 4 | sharegpt prompts | per user | stops paying at C=16 (slower; faster "
+            "up to C=4) | faster at C=1 and C=4, slower at C=16 |") in text
+    assert ("| `dm8` | `draft_model`, draft length 8, `small` | sharegpt prompts | per user | pays at every C "
+            "measured, up to C=16 | faster at C=1, C=4 and C=16 |") in text
+    # the chart, where it applies (the speedup table's speculation column names the configs that drafted)
+    assert "No config that drafted was compared with the baseline, so there is no speculation chart." in text
+    shown = "\n".join(rs.speculative_section(cells(), sp.assign(speculation="ran"), metas(), "ar"))
+    assert "![Speculative speedup vs concurrency](speculation/speculation_speedup.png)" in shown
     assert "draft model `small`, 500 MiB of weights" in text
     assert "KV cache 800 tokens against the baseline's 1,000" in text
+
+
+def test_the_chart_marks_the_crossover_the_verdicts_support():
+    sp = speedup({"ng4": [FASTER, INC, SLOWER], "dm8": [FASTER, FASTER, EQ]},
+                 {"ng4": [FASTER, FASTER, SLOWER], "dm8": [INC, FASTER, FASTER]}).assign(speculation="ran")
+    sp.loc[sp["config"] == "dm8", "speculation"] = "never drafted"  # plain decoding: not on the chart
+    points = rs.chart_points(pd.concat([sp, sp.assign(config="ar-copy", speculation=math.nan)]))
+    assert set(points["config"]) == {"ng4"} and len(points) == 6
+    marked = points[points["crossover"] != ""]
+    assert marked[["metric", "concurrency", "crossover"]].values.tolist() == [
+        ["per user", 16, "stops paying"], ["throughput", 4, "not resolved"]]
+    assert rs.crossover_mark([(1, INC), (4, FASTER)]) is None  # no C called faster before it
+    assert rs.crossover_mark([(1, FASTER), (4, decide.NOT_MEASURABLE)]) is None  # no verdict there
+    assert rs.crossover_mark([(1, FASTER), (4, FASTER)]) is None
 
 
 def test_a_contradicted_claim_fails_the_check():
@@ -149,22 +164,18 @@ def test_acceptance_and_cost_say_what_is_not_measured():
     assert "a step 20.00 ms against 10.00 ms per plain decode step (2.00×)" in text
 
 
-def test_no_speculative_config_no_section_and_no_summary_line():
+def test_no_speculative_config_no_section():
     plain = cells()[cells()["config"] == "ar"]
     assert rs.speculative_section(plain, speedup({}), metas()[:1], "ar") == []
-    assert rs.summary_lines(plain, speedup({}), metas()[:1]) == []
 
 
-def test_undecided_everywhere_is_one_short_summary_segment():
-    sp = speedup({"ng4": [decide.UNDECIDED] * 3, "dm8": [FASTER, SLOWER, SLOWER]})
-    lines = rs.summary_lines(cells(), sp, metas())
-    assert ("`ng4`: where it pays is not decided — no verdict: one launch per config at every C (the ratios are in "
-            "the Speculative decoding section).") in lines[0]
-    assert "`dm8` on sharegpt prompts, throughput: C=1: 1.30× [1.10, 1.50] faster; C=4: 0.80× [1.10, 1.50] slower " \
-           "— stops paying at C=4 (slower; faster up to C=1); by verdict: faster at C=1, slower at C=4 and C=16." \
-        in lines[0]
-    # per metric: the 2 points shown, the crossover and the tally
-    assert check_speculative_claims(lines[0], sp, cells()) == 1 + 2 * 4
+def test_undecided_everywhere_and_an_unmatched_config_are_said():
+    sp = speedup({"ng4": [decide.UNDECIDED] * 3})
+    text = "\n".join(rs.crossover_table(sp, rs.spec_configs(cells(), metas()), "ar"))
+    assert ("| `ng4` | `ngram`, draft length 4 | sharegpt prompts | throughput | no crossover claimed: C=1 no "
+            "verdict: one launch per config | faster at no C |") in text
+    assert "Not compared: `dm8` — no cell of it matches one of `ar`'s" in text
+    assert check_speculative_claims(text, sp, cells()) == 2 * 2
 
 
 def test_each_engine_reads_its_draft_length_from_its_own_options():
@@ -190,3 +201,33 @@ def test_a_speculative_baseline_is_not_set_beside_itself():
     text = "\n".join(rs.cost_lines(c, only, rs.spec_configs(c, only), "dm8"))
     assert "- `dm8`: draft model `small`, 1,024 MiB of weights; it is the sweep's baseline itself" in text
     assert "per plain decode step" not in text and "Per cell against" not in text
+
+
+def test_the_chart_draws_bands_the_one_line_and_the_crossover(tmp_path):
+    import json
+
+    from servesweep.chart_registry import chart
+    from servesweep.charts import save_chart, speculation_chart
+
+    sp = speedup({"ng4": [FASTER, INC, SLOWER], "dm8": [FASTER, FASTER, EQ]}).assign(speculation="ran")
+    spec = json.loads(speculation_chart(sp, "ar").to_json())
+    layers = spec["spec"]["layer"]
+    band = next(layer for layer in layers if layer["mark"]["type"] == "area")
+    assert (band["encoding"]["y"]["field"], band["encoding"]["y2"]["field"]) == ("lo_drawn", "hi_drawn")
+    assert "order" not in band["encoding"]  # an order channel keeps an area from drawing
+    cross = next(layer for layer in layers if layer.get("transform") == [{"filter": "datum.crossover != ''"}])
+    assert cross["mark"]["type"] == "rule" and cross["encoding"]["strokeDash"]["field"] == "crossover"
+    data = pd.DataFrame(next(iter(spec["datasets"].values())))
+    marked = data[data["crossover"] != ""]
+    # per user and throughput alike: dm8 equivalent at C=16 after faster, ng4 inconclusive at C=4 after faster
+    assert marked[["config", "metric", "concurrency", "crossover"]].values.tolist() == [
+        ["dm8", "per user", 16, "stops paying"], ["dm8", "throughput", 16, "stops paying"],
+        ["ng4", "per user", 4, "not resolved"], ["ng4", "throughput", 4, "not resolved"]]
+    png, svg = tmp_path / "s.png", tmp_path / "s.svg"
+    save_chart(speculation_chart(sp, "ar"), png, svg)
+    assert png.read_bytes()[:4] == b"\x89PNG" and "<svg" in svg.read_text()[:500]
+    # drawn only where a config that drafted was compared: not for one that never drafted, nor without the column
+    registered = chart("speculation_speedup")
+    assert registered.applies_to({"speedup": sp})
+    assert not registered.applies_to({"speedup": sp.assign(speculation="never drafted")})
+    assert not registered.applies_to({"speedup": sp.drop(columns="speculation")})

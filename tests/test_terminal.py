@@ -71,8 +71,8 @@ def test_the_terminal_shows_the_recorded_summary_in_100_columns_without_its_char
     for line in written[1:]:
         if line.strip() and not line.startswith("|"):
             assert " ".join(plain(line).split()) in flowing, line
-    assert "The answers in words" in flowing and "Resolution:" in flowing
-    assert "### The answers in words" not in shown and "## Setup" not in shown
+    assert "Every config against the baseline at every C" in flowing and "Resolution:" in flowing
+    assert "### Every config against the baseline" not in shown and "## Setup" not in shown
     assert not any(line.startswith("![") for line in shown)
 
 

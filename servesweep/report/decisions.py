@@ -1,6 +1,6 @@
-"""The report's answers and the evidence behind them: interactive (the lowest concurrency) and batch (the highest)
-per prompt set, the sweep's resolution and flags, how to read the verdicts, per-config findings against the
-baseline, the ranking per cell and the replicate check.
+"""The evidence behind the report's answers: the sweep's resolution and flags, the failed launches, how to read the
+verdicts, the ranking per cell, the replicate check, drops with concurrency and the launch-order check (each
+config's ratios to the baseline are tabled by ``servesweep.report.matrix``).
 
 Every comparison comes from the speedup table (``aggregate.speedup_table``: the sweep's rule, one family) or is
 decided here in a family of its own that the text names. Margins are only ever between cells of the same workload,
@@ -42,63 +42,6 @@ def verdict_words(verdict: str, blocks_to_decide=None) -> str:
 
 def _closed(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["load"] == "concurrency"] if "load" in df else df
-
-
-def _by_prompts(df: pd.DataFrame):
-    for (workload, ctx), g in df.groupby(["workload", "ctx"], sort=True):
-        yield workload, ctx, g
-
-
-def answers(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str) -> list[str]:
-    """Per prompt set: at the lowest C, every config's per-user speed (per-request decode tok/s) against the
-    baseline; at the highest C, every config's throughput against it; each with its interval and verdict, the
-    fastest named first. A prompt set the baseline did not run is named, not ranked."""
-    cells, speedup = _closed(cells), _closed(speedup)
-    lines = []
-    for label, metric, column, pick in ((LOW, "per_request_speedup", "per_request_tok_s", min),
-                                        (HIGH, "speedup", "agg_output_tok_s", max)):
-        parts = []
-        for workload, ctx, g in _by_prompts(cells):
-            level = pick(g["concurrency"])
-            here = g[g["concurrency"] == level]
-            name = prompts_label(workload, ctx)
-            base = here[here["config"] == baseline]
-            if base.empty:
-                parts.append(f"{name}: the baseline `{baseline}` did not run these prompts, so nothing is compared")
-                continue
-            sp = speedup[(speedup["workload"] == workload) & (speedup["ctx"] == ctx)
-                         & (speedup["concurrency"] == level)]
-            parts.append(_answer(name, int(level), base.iloc[0], sp, baseline, metric, column))
-        what = "tok/s per user (per-request decode)" if label == LOW else "output tok/s of the server"
-        where = "lowest" if label == LOW else "highest"
-        lines.append(f"**{label.capitalize()}** ({where} concurrency measured; {what}) — " + " ".join(parts))
-        lines.append("")
-    return lines
-
-
-def _answer(name: str, level: int, base, sp: pd.DataFrame, baseline: str, metric: str, column: str) -> str:
-    rows = sp.sort_values(metric, ascending=False)
-    verdict_col = "verdict" if metric == "speedup" else "per_request_verdict"
-    others = []
-    for r in rows.to_dict("records"):
-        words = verdict_words(r[verdict_col], r.get("blocks_to_decide") if metric == "speedup" else None)
-        flag = " (client-bound: a lower bound)" if r.get("client_bound") else ""
-        others.append(f"`{r['config']}` {ratio_text(r[metric], r[f'{metric}_lo'], r[f'{metric}_hi'])}, "
-                      f"{words}{flag}")
-    if not others:
-        return f"{name}, C={level}: only `{baseline}` ran ({_num(base[column], '.1f')})."
-    ahead = [r for r in rows.to_dict("records") if str(r[verdict_col]).startswith(decide.FASTER)]
-    if all(r[verdict_col] == decide.UNDECIDED for r in rows.to_dict("records")):
-        head = "not decided (one launch per config)"
-    elif ahead:
-        best = ahead[0]["config"]
-        head = f"**`{best}`** is faster than `{baseline}`"
-    elif all(str(r[verdict_col]).startswith((decide.SLOWER, "equivalent")) for r in rows.to_dict("records")):
-        head = f"**`{baseline}`** (the baseline): no config is faster"
-    else:
-        head = f"no config is shown faster than `{baseline}`"
-    return (f"{name}, C={level}: {head}; against `{baseline}` ({_num(base[column], '.1f')}): "
-            + "; ".join(others) + ".")
 
 
 def _sweep_family(speedup: pd.DataFrame) -> pd.DataFrame:
@@ -360,21 +303,6 @@ def how_to_read(design: dict) -> list[str]:
             "comparison is the smallest difference it would find with 80 % power at the strictest level the "
             "control can ask (alpha / comparisons). docs/measurement.md has the design, the rule and its measured "
             "error rates.", ""]
-
-
-def config_findings(speedup: pd.DataFrame, baseline: str, random_weight_speculative=frozenset()) -> list[str]:
-    """Per config and prompt set: every concurrency's throughput ratio against the baseline with its verdict."""
-    lines = []
-    for cfg, grp in speedup.groupby("config"):
-        for (workload, ctx), g in grp.sort_values("concurrency").groupby(["workload", "ctx"]):
-            series = "; ".join(f"C={int(r.concurrency)}: {ratio_text(r.speedup, r.speedup_lo, r.speedup_hi)} "
-                               f"{verdict_words(r.verdict, r.blocks_to_decide)}" for r in g.itertuples())
-            family = (" (replicate check, decided on its own)" if "family" in g and (g["family"] == "replicate check").any()
-                  else "")
-            caveat = (" Speculative on random weights: these speedups rest on drafts random weights make easy, not "
-                      "on a real model's acceptance." if cfg in random_weight_speculative else "")
-            lines.append(f"- `{cfg}` on {prompts_label(workload, ctx)}{family}: {series}.{caveat}")
-    return lines
 
 
 def ranking(cells: pd.DataFrame, speedup: pd.DataFrame, baseline: str) -> list[str]:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from servesweep import acceptance, decide
 from servesweep.report.decisions import HIGH, LOW, _closed, prompts_label, ratio_text
+from servesweep.report.matrix import verdict_mark
 from servesweep.report.text import _fmt, _point
 
 QUESTIONS = ((LOW, "per user", "per_request_speedup", "per_request_verdict", "per_request_tok_s", "tok/s per user",
@@ -17,7 +18,10 @@ QUESTIONS = ((LOW, "per user", "per_request_speedup", "per_request_verdict", "pe
 
 
 def _versus(r: dict, ratio: str, verdict: str) -> str:
-    return f"{ratio_text(r[ratio], r[f'{ratio}_lo'], r[f'{ratio}_hi'])} {r[verdict]}"
+    said = r[verdict]
+    if said in (decide.LOAD_SET, decide.LOCKSTEP):  # the Flags line says why, in full
+        said = verdict_mark(said)[1]
+    return f"{ratio_text(r[ratio], r[f'{ratio}_lo'], r[f'{ratio}_hi'])} {said}"
 
 
 def _name(config: str, simulated: dict[str, float]) -> str:

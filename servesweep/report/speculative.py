@@ -1,5 +1,5 @@
-"""The report's "Speculative decoding" section and its first-screen line: speedup against concurrency per speculative
-config (grouped by method and draft length) with the crossover the verdicts support, acceptance per workload and
+"""The report's "Speculative decoding" section: the speedup-vs-concurrency chart's points and the crossover per
+speculative config (with its method and draft length) as far as the verdicts support it, acceptance per workload and
 concurrency, and the cost side where it was measured.
 
 It reads the cells and speedup tables (verdicts decided by ``servesweep.decide``) and each run's meta.json (the
@@ -7,7 +7,6 @@ options, the draft model, the start-up phases read from the server log), never a
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -15,7 +14,8 @@ import pandas as pd
 from servesweep import decide
 from servesweep.engines import engine_names, get_engine
 from servesweep.report.breakeven import break_even_lines
-from servesweep.report.decisions import prompts_label, ratio_text, verdict_words
+from servesweep.chart_registry import charts_in
+from servesweep.report.decisions import prompts_label
 from servesweep.speculation import speculation_status
 
 # (label, ratio column, verdict column, what it measures): per user first, since it matters most at low C.
@@ -59,19 +59,19 @@ def spec_configs(cells: pd.DataFrame, metas: list[dict]) -> list[SpecConfig]:
     return sorted(out, key=lambda s: (s.method, s.draft_length or 0, s.config))
 
 
-def _group_name(s: SpecConfig) -> str:
-    length = f"draft length {s.draft_length}" if s.draft_length is not None else "draft length left at its default"
-    return f"`{s.method}`, {length}" + (f", draft model `{s.draft_model}`" if s.draft_model else "")
-
-
 def _faster(verdict) -> bool:
     return str(verdict).startswith(decide.FASTER)
+
+
+def _lead(points: list[tuple[int, str]]) -> list[int]:
+    """The leading concurrencies called faster, up to the first that is not."""
+    return [c for c, _ in points[:next((i for i, (_, v) in enumerate(points) if not _faster(v)), len(points))]]
 
 
 def crossover(points: list[tuple[int, str]]) -> str:
     """Where speculation stops paying, from (concurrency, verdict) points sorted by concurrency: the first C whose
     verdict is not faster, and only what the verdicts there support. No ratio is read, only verdicts."""
-    lead = [c for c, _ in points[:next((i for i, (_, v) in enumerate(points) if not _faster(v)), len(points))]]
+    lead = _lead(points)
     if len(lead) == len(points):
         return f"pays at every C measured, up to C={points[-1][0]}"
     at, verdict = points[len(lead)]
@@ -83,6 +83,20 @@ def crossover(points: list[tuple[int, str]]) -> str:
         return (f"not resolved between C={lead[-1]} and C={at} (faster at C={lead[-1]}, inconclusive at C={at})"
                 if lead else f"not resolved at C={at}, {LOWEST} (inconclusive)")
     return f"no crossover claimed: C={at} {verdict}" + (f" ({after})" if after else "")
+
+
+def crossover_mark(points: list[tuple[int, str]]) -> tuple[int, str] | None:
+    """The concurrency a chart marks as the crossover, with its kind, where :func:`crossover` names one after a C
+    called faster: ``stops paying`` (the first C not faster is slower or equivalent) or ``not resolved`` (it is
+    inconclusive: the crossover lies at or below it). None where the series pays throughout, never paid, or stops
+    at a comparison without a verdict."""
+    lead = _lead(points)
+    if not lead or len(lead) == len(points):
+        return None
+    at, verdict = points[len(lead)]
+    if verdict.startswith((decide.SLOWER, "equivalent")):
+        return at, "stops paying"
+    return (at, "not resolved") if verdict == decide.INCONCLUSIVE else None
 
 
 def _c_list(cs: list[int]) -> str:
@@ -100,39 +114,62 @@ def tally(points: list[tuple[int, str]]) -> str:
     return text + (f", slower at {_c_list(slower)}" if slower else "")
 
 
-def _points(g: pd.DataFrame, ratio: str, verdict: str) -> list[str]:
-    return [f"C={int(r['concurrency'])}: {ratio_text(r[ratio], r[f'{ratio}_lo'], r[f'{ratio}_hi'])} "
-            f"{verdict_words(r[verdict], r.get('blocks_to_decide') if verdict == 'verdict' else None)}"
-            for r in g.to_dict("records")]
-
-
 def _series(speedup: pd.DataFrame, cfg: str):
-    """(prompt-set label, that config's closed-loop speedup rows by concurrency) per prompt set."""
+    """(workload, ctx, that config's closed-loop speedup rows by concurrency) per prompt set."""
     rows = speedup[speedup["config"] == cfg]
     if "load" in rows:
         rows = rows[rows["load"] == "concurrency"]
     for (workload, ctx), g in rows.sort_values("concurrency").groupby(["workload", "ctx"], sort=True):
-        yield prompts_label(workload, ctx), g
+        yield workload, ctx, g
 
 
-def speedup_lines(speedup: pd.DataFrame, specs: list[SpecConfig], baseline: str) -> list[str]:
-    """Per speculative config and prompt set, per user and throughput: every C's ratio [95 % interval] and verdict,
-    then the crossover (``crossover``)."""
-    lines, group = [], None
+def _method(s: SpecConfig) -> str:
+    length = f"draft length {s.draft_length}" if s.draft_length is not None else "default draft length"
+    return f"`{s.method}`, {length}" + (f", `{s.draft_model}`" if s.draft_model else "")
+
+
+def crossover_table(speedup: pd.DataFrame, specs: list[SpecConfig], baseline: str) -> list[str]:
+    """One row per speculative config, prompt set and metric (per user, throughput): its method and draft length,
+    the crossover (:func:`crossover`) and where the verdicts fall over every C (:func:`tally`); then the configs
+    with no cell matched by the baseline's."""
+    rows, unmatched = [], []
     for s in specs:
-        if _group_name(s) != group:
-            group = _group_name(s)
-            lines.append(f"{group}:")
         series = list(_series(speedup, s.config))
         if not series:
-            lines.append(f"- {s.name}: no cell of it matches one of `{baseline}`'s (other prompts or another "
-                         "model), so it is not compared.")
-        for label, g in series:
-            for name, ratio, verdict, _ in METRICS:
+            unmatched.append(s.name)
+        for workload, ctx, g in series:
+            for name, _, verdict, _ in METRICS:
                 points = [(int(r["concurrency"]), str(r[verdict])) for r in g.to_dict("records")]
-                lines.append(f"- {s.name} on {label}, {name}: " + "; ".join(_points(g, ratio, verdict))
-                             + f" — {crossover(points)}.")
+                rows.append(f"| {s.name} | {_method(s)} | {prompts_label(workload, ctx)} | {name} | "
+                            f"{crossover(points)} | {tally(points).removeprefix('by verdict: ')} |")
+    lines = (["| speculative config | method | prompts | metric | crossover | by verdict |", "|---|---|---|---|---|---|"]
+             + rows + [""] if rows else [])
+    if unmatched:
+        lines += [f"Not compared: {', '.join(unmatched)} — no cell of it matches one of `{baseline}`'s (other "
+                  "prompts or another model).", ""]
     return lines
+
+
+def chart_points(speedup: pd.DataFrame) -> pd.DataFrame:
+    """The speculation chart's points: per config that drafted (or whose drafting was not reported) — the speedup
+    table's ``speculation`` column — prompt set, metric and concurrency, the ratio to the baseline with its 95 %
+    interval and verdict, and ``crossover``: the kind of :func:`crossover_mark` at the C it marks, else empty."""
+    columns = ["config", "prompts", "metric", "concurrency", "ratio", "lo", "hi", "verdict", "crossover"]
+    if "speculation" not in speedup:
+        return pd.DataFrame(columns=columns)
+    drafted = speedup["speculation"].fillna("").astype(str)
+    spec = speedup[(drafted != "") & ~drafted.str.contains("never drafted")]
+    out = []
+    for cfg in sorted(set(spec["config"])):
+        for workload, ctx, g in _series(spec, cfg):
+            for name, ratio, verdict, _ in METRICS:
+                records = g.to_dict("records")
+                mark = crossover_mark([(int(r["concurrency"]), str(r[verdict])) for r in records])
+                out += [{"config": cfg, "prompts": prompts_label(workload, ctx), "metric": name,
+                         "concurrency": int(r["concurrency"]), "ratio": r[ratio], "lo": r[f"{ratio}_lo"],
+                         "hi": r[f"{ratio}_hi"], "verdict": str(r[verdict]),
+                         "crossover": mark[1] if mark and mark[0] == int(r["concurrency"]) else ""} for r in records]
+    return pd.DataFrame(out, columns=columns)
 
 
 def _acceptance_row(r: dict, positions: list[str]) -> str:
@@ -288,38 +325,14 @@ def speculative_section(cells: pd.DataFrame, speedup: pd.DataFrame, metas: list[
     if not specs:
         return []
     lines = ["## Speculative decoding", "",
-             f"Each speculative config against `{baseline}` at the same cell, grouped by method and draft length "
-             "(from the configs' options): per user (per-request decode tok/s, what matters most at low C) and "
-             "throughput (the server's output tok/s, at high C), ratio [95 % interval] and the sweep's verdict per "
-             "concurrency. The crossover is the lowest C whose verdict is not faster, stated only as far as the "
-             "verdicts there support it.", ""]
-    lines += speedup_lines(speedup, specs, baseline) + ["", "### Acceptance per workload", ""]
+             f"Each speculative config against `{baseline}` per user (per-request decode tok/s, what matters most at "
+             "low C) and in throughput (the server's output tok/s, at high C); every C's ratio [95 % interval] and "
+             "verdict is in the Summary's tables. The crossover is the lowest C whose verdict is not faster, stated "
+             "only as far as the verdicts there support it; by verdict: every C called faster and slower.", ""]
+    tables = {"speedup": speedup}
+    for chart in charts_in("speculation"):
+        lines += [chart.markdown() if chart.applies_to(tables) else chart.absent, ""]
+    lines += crossover_table(speedup, specs, baseline) + ["### Acceptance per workload", ""]
     lines += acceptance_lines(cells, specs) + [""]
     lines += break_even_lines(speedup, metas) + ["### Cost", ""]
     return lines + cost_lines(cells, metas, specs, baseline) + [""]
-
-
-def summary_lines(cells: pd.DataFrame, speedup: pd.DataFrame, metas: list[dict]) -> list[str]:
-    """The first screen's line on where speculation pays: per speculative config and prompt set, per user and
-    throughput, the points up to the crossover (the leading faster ones, and the first that is not) with the
-    crossover the verdicts support, then where the verdicts fall over every C (``tally``)."""
-    parts = []
-    for s in spec_configs(cells, metas):
-        series = list(_series(speedup, s.config))
-        verdicts = {str(v) for _, g in series for _, _, col, _ in METRICS for v in g[col]}
-        if verdicts == {decide.UNDECIDED}:
-            parts.append(f"{s.name}: where it pays is not decided — {decide.UNDECIDED} at every C (the ratios "
-                         "are in the Speculative decoding section).")
-            continue
-        for label, g in series:
-            for name, ratio, verdict, _ in METRICS:
-                points = [(int(r["concurrency"]), str(r[verdict])) for r in g.to_dict("records")]
-                first_not = next((i for i, (_, v) in enumerate(points) if not _faster(v)), None)
-                shown = g.iloc[sorted({0, len(points) - 1} if first_not is None
-                                      else {0, max(first_not - 1, 0), first_not})]
-                parts.append(f"{s.name} on {label}, {name}: " + "; ".join(_points(shown, ratio, verdict))
-                             + f" — {crossover(points)}; {tally(points)}.")
-    if not parts:
-        return []
-    return ["**Speculation** — where it pays by the sweep's verdicts (per user matters most at low C, throughput at "
-            "high C; Speculative decoding section): " + " ".join(parts), ""]

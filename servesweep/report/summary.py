@@ -1,17 +1,18 @@
-"""The first screen: the answers (interactive, batch), the best config per service-level target with its margin over the runner-up, the resolution and flags."""
+"""The first screen: the answers (interactive, batch), the best config per service-level target with its margin over
+the runner-up, the resolution and flags; after its chart, the tables of every config against the baseline."""
 from __future__ import annotations
 
 import math
 
 import pandas as pd
 
-from servesweep import compare, decide
+from servesweep import acceptance, compare, decide
 from servesweep.report.sensitivity import block0_lines
 from servesweep.report import decisions as rd
 from servesweep.aggregate import interval_text, with_unit_columns
 from servesweep.chart_registry import charts_in, has_gpu_energy
 from servesweep.slo import SLO
-from servesweep.report.speculative import summary_lines
+from servesweep.report.matrix import matrix_tables
 from servesweep.report.capacity import capacity_lines
 from servesweep.report.text import _fmt, _money, _point
 from servesweep.report.findings import repeat_order_drifts
@@ -245,9 +246,9 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
                  not_lossless: dict[str, str] | None = None, metas: list[dict] | None = None,
                  capacity: pd.DataFrame | None = None, table: list | None = None) -> list[str]:
     """The report's opening: the launches that failed (``decisions.failures``, from ``metas``), then the
-    answers: interactive and batch per prompt set (``decisions.answers``),
-    the picks per service-level target with their runner-up margins (``slo_choice``), the sweep's resolution and
-    flags, then the frontier chart. ``capacity``: the capacity searches' table (``capacity_lines``), ranked per target
+    first screen's table (interactive and batch per prompt set, the picks per service-level target with their
+    runner-up margins, ``slo_choice``), the sweep's resolution and flags and the frontier chart; after it, every
+    config against the baseline per prompt set and C (``matrix.matrix_tables``). ``capacity``: the capacity searches' table (``capacity_lines``), ranked per target
     after the picks. ``random_weight_speculative``: speculative configs that served random weights,
     warned about where a pick or runner-up is one of them. ``table``, when given, receives the first screen's table
     as data: its header, then its rows (``screen.header``, ``screen.rows``)."""
@@ -284,12 +285,14 @@ def first_screen(cells: pd.DataFrame, repeats: pd.DataFrame | None, speedup: pd.
                    + "; ".join(f"the first round of repeats was the {word} in {hits} of {n} cells (p = {p:.2g})"
                                for word, hits, n, p, _ in drift)
                    + ". The intervals and margins hold that change as well as the cells' noise (Anomalies).", ""]
-    screen_lines += ["The answers in words, with the resolution in full and the notes, follow the chart.", ""]
+    screen_lines += ["Every config against the baseline at every C, the resolution in full and the notes follow the "
+                     "chart.", ""]
     for chart in charts_in("summary"):
         screen_lines += [chart.markdown(), ""]
-    lines = ["### The answers in words", ""] + rd.answers(cells, speedup, baseline)
+    lines = ["### Every config against the baseline", ""]
+    lines += matrix_tables(cells, speedup, baseline, design, acceptance.lengths_set(metas or []),
+                           random_weight_speculative or set())
     lines += block0_lines(repeats, speedup, baseline)
-    lines += summary_lines(cells, speedup, metas or [])
     cells = trusted
     if not slos:
         lines += ["**Per SLO** — no service-level targets in the config's `slo:` section: no config is picked.", ""]
