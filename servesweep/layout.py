@@ -259,3 +259,14 @@ def rehost(argv: list[str], host: str) -> list[str]:
 def local_gpu_count(ranks: list[RankLaunch], placement: Placement) -> int:
     """GPUs the job must lease on its own host: every rank's in a rehearsal, node 0's under SLURM."""
     return sum(r.gpu_count for r in ranks if not placement.slurm or r.node == 0)
+
+
+
+def total_gpus(layout: Layout, options: dict, world_of) -> int:
+    """GPUs the whole layout holds, over all its nodes (what a SLURM job of several nodes asks for with ``--gpus``,
+    and what a rehearsal holds on one host): ``world_of(options)`` (the engine's world size; ``--tp`` of a
+    server spread over nodes is its total), or per role ``count`` × its ``gpus`` (else its options' world size)."""
+    if not layout.roles:
+        return world_of(options)
+    return sum(r.count * (r.gpus if r.gpus is not None else world_of({**options, **r.options}))
+               for r in layout.roles if r.name != "router")
