@@ -150,11 +150,13 @@ class Placement:
 
     def wrap(self, launch: RankLaunch) -> list[str]:
         """The argv that runs ``launch`` on its node: as is on the job's node, else one ``srun`` step pinned to the
-        node. ``--kill-on-bad-exit`` ends the step when its task fails; a step never outlives the allocation."""
+        node. ``--kill-on-bad-exit`` ends the step when its task fails; a step never outlives the allocation.
+        ``--overlap``: the bench job itself may run as a step that holds the allocation's resources (Snakemake's
+        SLURM executor starts it with ``srun``), and a step that waits for them would never start."""
         if not self.slurm or launch.node == 0:
             return list(launch.argv)
-        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={self.hosts[launch.node]}", "--kill-on-bad-exit=1",
-                "--export=ALL", f"--job-name={launch.name}", *launch.argv]
+        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={self.hosts[launch.node]}", "--overlap",
+                "--kill-on-bad-exit=1", "--export=ALL", f"--job-name={launch.name}", *launch.argv]
 
 
 def slurm_hostnames(nodelist: str) -> list[str]:

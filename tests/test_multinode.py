@@ -65,8 +65,9 @@ def test_sglang_two_node_tp_ranks_join_rank_0s_rendezvous():
     assert _after(ranks[0].argv, "--dist-init-addr") == _after(ranks[1].argv, "--dist-init-addr")
     assert _after(ranks[0].argv, "--dist-init-addr").startswith("node-a:")
     # under SLURM the rank on node 1 is an srun step pinned to its node; rank 0 runs in the job itself
-    assert placement.wrap(ranks[1])[:5] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=node-b",
+    assert placement.wrap(ranks[1])[:6] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=node-b", "--overlap",
                                             "--kill-on-bad-exit=1"]
+    assert placement.wrap(ranks[1])[-len(ranks[1].argv):] == ranks[1].argv
     assert placement.wrap(ranks[0]) == ranks[0].argv
 
 
