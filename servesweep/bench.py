@@ -547,6 +547,11 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
         meta["status"] = "ok"
     except BaseException as exc:  # also KeyboardInterrupt from SIGTERM: record, tear down, re-raise
         error = exc
+        if group is not None and group.death() and isinstance(exc, Exception) \
+                and not isinstance(exc, ServerStartError):  # whatever the client saw, a dead rank is the reason
+            error = ServerStartError(f"a rank died during the {stage}: {group.death()}")
+            error.__cause__ = exc
+        exc = error
         meta["status"] = "failed"
         meta["error"] = f"{type(exc).__name__}: {exc}"
         meta["failure"] = LaunchFailure.of(exc, stage, paths.attempt_dir, len(writer.cells)).as_dict()

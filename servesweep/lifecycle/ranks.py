@@ -96,10 +96,13 @@ class RankGroup:
     def alive(self) -> bool:
         return self.failure is None and all(p.alive() for p in self.processes.values() if p.proc is not None)
 
-    def exit_reason(self) -> str:
+    def death(self) -> str | None:
         """Which rank died and why, with its last log lines: the first death the watcher saw, else the first dead
-        rank now."""
-        return self.failure or self._dead_reason() or "every rank is alive"
+        rank now; None while every started rank lives."""
+        return self.failure or self._dead_reason()
+
+    def exit_reason(self) -> str:
+        return self.death() or "every rank is alive"
 
     def _dead_reason(self) -> str | None:
         for r in self.ranks:
