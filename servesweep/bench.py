@@ -81,7 +81,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
         window["log_from"] = server.log_path.stat().st_size
-        window["cpu_from"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
+        window["cpu_from"] = cpu_snapshot(server.process_ids())
         telemetry.cell_begin(cell_id)
         window["metrics_before"] = await promtext.scrape(session, base, engine.metrics_path)
         if sampler is not None:
@@ -91,7 +91,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         if sampler is not None:
             window["samples"] = await sampler.end()
         window["log_to"] = server.log_path.stat().st_size
-        window["cpu_to"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
+        window["cpu_to"] = cpu_snapshot(server.process_ids())
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
         window["metrics_after"] = await promtext.scrape(session, base, engine.metrics_path)
 

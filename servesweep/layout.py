@@ -175,7 +175,7 @@ def layout_facts(layout: Layout, ranks: list[RankLaunch], pids: dict[int, int | 
             "roles": [r.name for r in layout.roles], "slurm": bool(placement and placement.slurm),
             "ranks": [{"rank": r.rank, "role": r.role, "node": r.node, "host": r.host, "port": r.port,
                        "endpoint": r.endpoint, "pid": pids.get(r.rank), "gpus": r.gpus, "argv": r.argv,
-                       "log": f"ranks/{r.name}.log"}
+                       "log": "server.log" if r.endpoint else f"ranks/{r.name}.log"}
                       for r in ranks]}
 
 

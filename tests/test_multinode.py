@@ -246,6 +246,7 @@ def test_two_node_ranks_serve_once_joined_and_a_rank_dying_mid_run_stops_every_r
         records = sorted(p.name for p in (tmp_path / "servers").glob("*.json"))
         assert records == ["c.rank0-rank.json", "c.rank1-rank.json", "c.rank2-rank.json"]  # a record per rank
         pids = group.pids()
+        assert sorted(group.process_ids()) == sorted(pids.values())  # every rank's CPU is the server's
         victim = group.processes[2]
         os.kill(victim.proc.pid, 9)
         deadline = time.monotonic() + 10
@@ -307,3 +308,29 @@ def test_a_rank_that_never_answers_fails_the_launch_with_its_name(tmp_path):
             pass
     assert all(_gone(pid) for pid in group.pids().values() if pid)
     assert group.endpoint.proc is None  # the endpoint was never started
+
+
+def test_every_ranks_cpu_is_the_servers_not_a_neighbours(tmp_path):
+    """On one host a rank other than the endpoint (an rpc-server) must count as the server in the host-busy check
+    (telemetry.cpu_snapshot), or every rehearsal would be measured 'beside a busy neighbour': its own worker."""
+    import subprocess
+
+    from servesweep.telemetry import cpu_snapshot
+
+    spin = ("import sys, time\nsys.stdin.readline()\nend = time.process_time() + 0.6\n"
+            "while time.process_time() < end: pass\nprint('spun', flush=True)\nsys.stdin.read()")
+    procs = [subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        before, one_before = cpu_snapshot([p.pid for p in procs]), cpu_snapshot(procs[0].pid)
+        for p in procs:  # each spins 0.6 s of CPU after this line, however busy the host is
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        assert [p.stdout.readline().strip() for p in procs] == ["spun", "spun"]
+        served = cpu_snapshot([p.pid for p in procs])[1] - before[1]
+        one = cpu_snapshot(procs[0].pid)[1] - one_before[1]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert one >= 0.55 and served >= one + 0.55  # the second process's CPU counted too

@@ -207,6 +207,10 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def process_ids(self) -> list[int]:
+        """The server's process on this host (its children are found from it)."""
+        return [self.proc.pid] if self.proc is not None else []
+
     def exit_reason(self) -> str:
         """How the server ended, for a failure message: its exit code and its last log lines."""
         code = self.proc.poll() if self.proc is not None else None

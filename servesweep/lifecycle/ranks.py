@@ -115,6 +115,11 @@ class RankGroup:
     def pids(self) -> dict[int, int | None]:
         return {rank: (p.proc.pid if p.proc is not None else None) for rank, p in self.processes.items()}
 
+    def process_ids(self) -> list[int]:
+        """Every rank's process on this host: their CPU is the server's (telemetry.cpu_snapshot), not a
+        neighbour's."""
+        return [pid for pid in self.pids().values() if pid is not None]
+
     def facts(self) -> dict:
         """meta.json's ``layout``: nodes × GPUs, roles, and per rank its host, port, pid and log."""
         return layout_facts(self.layout, self.ranks, self.pids(), self.gpus_per_node, self.placement)

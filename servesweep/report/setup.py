@@ -33,8 +33,8 @@ def layout_section(metas: list[dict]) -> list[str]:
              "the endpoint's in `server.log`):", ""]
     for m in spread:
         lay = m["layout"]
-        where = "SLURM steps, one per node" if lay.get("slurm") else "one host, a port per rank (rehearsal)"
-        lines.append(f"- `{m['config']}`: {lay.get('description')} ({where})")
+        where = "SLURM steps, one per node" if lay.get("slurm") else "on one host, a port per rank: a rehearsal"
+        lines.append(f"- `{m['config']}`: {lay.get('description')}, {where}")
         for r in lay.get("ranks") or []:
             lines.append(f"  - rank {r['rank']} {r['role']}{' (endpoint)' if r.get('endpoint') else ''}: node "
                          f"{r['node']}, {r['host']}:{r.get('port') or '-'}, pid {r.get('pid')}, `{r.get('log')}`")
