@@ -175,9 +175,10 @@ class RankGroup:
             if reason is None:
                 continue
             self.failure = reason
-            log.error("a rank died: %s", reason.splitlines()[0])
+            what = reason.split("; its last log lines", 1)[0]
+            log.error("a rank died: %s", what)
             with open(self.endpoint.log_path, "a") as fh:
-                fh.write(f"# servesweep: {reason.splitlines()[0]}; stopping every rank\n")
+                fh.write(f"# servesweep: {what}; stopping every rank\n")
             for p in self.processes.values():  # the endpoint first: its clients fail now, not at their timeout
                 if p.alive():
                     p.kill_group()
