@@ -334,3 +334,54 @@ def test_every_ranks_cpu_is_the_servers_not_a_neighbours(tmp_path):
             p.kill()
             p.wait()
     assert one >= 0.55 and served >= one + 0.55  # the second process's CPU counted too
+
+
+def test_no_rank_outlives_a_job_killed_with_sigkill(tmp_path, standin):
+    """The orphan guarantees hold per rank: a job killed with SIGKILL (no code of it runs) leaves none of its ranks
+    behind — each rank's parent-death signal and watchdog end it — and the next job's preflight finds only records
+    whose servers are gone."""
+    import signal
+    import subprocess
+    import textwrap
+
+    info = tmp_path / "ranks.json"
+    code = textwrap.dedent(f"""
+        import json, sys, time, urllib.request
+        sys.path.insert(0, {str(ROOT)!r})
+        from pathlib import Path
+        from servesweep.config import ServerConfig
+        from servesweep.engines import get_engine
+        from servesweep.lifecycle.ranks import claim_ranks
+        cfg = {{"models": {{"m": {{"source": {{"local": "/m"}}, "format": "hf"}}}}, "engines": {{"sglang": {{}}}},
+               "server_configs": {{"c": {{"engine": "sglang", "model": "m", "nodes": 3, "stop_grace_s": 1}}}}}}
+        sc = ServerConfig.from_config("c", cfg)
+        group, _ = claim_ranks(Path({str(tmp_path / "servers")!r}), [], get_engine("sglang"), sc, Path("/m"),
+                               {{"python": {str(standin)!r}}}, Path({str(tmp_path / "attempt")!r}), "c")
+        with group:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    urllib.request.urlopen(group.base_url + "/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            Path({str(info)!r}).write_text(json.dumps(list(group.pids().values())))
+            time.sleep(600)
+    """)
+    job = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 90
+    while not info.exists() and time.monotonic() < deadline:
+        assert job.poll() is None, "the job died before its ranks served"
+        time.sleep(0.1)
+    pids = json.loads(info.read_text())
+    assert len(pids) == 3 and not any(_gone(pid) for pid in pids)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    deadline = time.monotonic() + 15
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in pids)
+    from servesweep.lifecycle import preflight
+
+    said = preflight(tmp_path / "servers", None)
+    assert len(said) == 3 and all("already gone" in line for line in said)
