@@ -501,6 +501,9 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
     trace_dir = paths.attempt_dir / "profiles" / "server"  # where a profiler set at launch writes
     profiled = job.profile.levels(job.matrix.concurrencies,
                                   engine.speculation_requested(sc.options, sc.draft_model_name) is not None)
+    if profiled and group is not None and engine.profiler is not None:  # no rank is started with the profiler
+        reaped.append("not profiled: the ranks of a multi-process layout are launched without the profiler")
+        profiled = ()
     if profiled and engine.profiler is not None:  # every block alike, though block 0 alone profiles
         spec = engine.profiler_launch(spec, trace_dir)
     writer = CellWriter(paths.attempt_dir)
