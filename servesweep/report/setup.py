@@ -36,7 +36,8 @@ def layout_section(metas: list[dict]) -> list[str]:
         where = "SLURM steps, one per node" if lay.get("slurm") else "on one host, a port per rank: a rehearsal"
         lines.append(f"- `{m['config']}`: {lay.get('description')}, {where}")
         for r in lay.get("ranks") or []:
-            lines.append(f"  - rank {r['rank']} {r['role']}{' (endpoint)' if r.get('endpoint') else ''}: node "
+            role = "" if r["role"] == "rank" else f" {r['role']}"  # a node of one server has no role besides
+            lines.append(f"  - rank {r['rank']}{role}{' (endpoint)' if r.get('endpoint') else ''}: node "
                          f"{r['node']}, {r['host']}:{r.get('port') or '-'}, pid {r.get('pid')}, `{r.get('log')}`")
     others = sorted({layout_name(m) for m in metas})
     if len(others) > 1:
