@@ -32,6 +32,7 @@ rule bench_config:
     resources:
         gpu=get_gpus,
         gpu_model=get_gpu_model,
+        nodes=get_nodes,
         runtime=get_runtime_min,
         mem_mb=get_mem_mb,
         cpus_per_task=get_slurm_setting("cpus_per_task"),
