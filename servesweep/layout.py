@@ -9,9 +9,6 @@ node's (docs/multinode.md).
 """
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
 from dataclasses import dataclass, field, replace
 
 from servesweep.ports import free_port
@@ -119,11 +116,13 @@ class PlacementError(RuntimeError):
 @dataclass(frozen=True)
 class Placement:
     """Where each node of a layout is: its address (what ranks bind to and are reached at) and, under SLURM, the
-    ``srun`` step that runs a rank on a node other than the job's own (node 0, where the batch script and the
-    endpoint run)."""
+    allocation's node names and job (a rank on a node other than the job's own runs as a step there: node 0 is where
+    the bench job and the endpoint run). Built by ``servesweep.lifecycle.ranks.placement_for``."""
 
     hosts: tuple[str, ...]
     slurm: bool = False
+    node_names: tuple[str, ...] = ()  # SLURM's names of the nodes (srun --nodelist); hosts are their NodeAddr
+    job_id: str | None = None
 
     @classmethod
     def local(cls, nodes: int) -> "Placement":
@@ -131,40 +130,19 @@ class Placement:
         return cls(hosts=("127.0.0.1",) * max(1, nodes))
 
     @classmethod
-    def from_environment(cls, nodes: int, env: dict | None = None, hostnames=None) -> "Placement":
-        """The SLURM allocation's nodes when the job is inside one (``SLURM_JOB_NODELIST``) and the layout needs
-        more than one node; else :meth:`local`. ``hostnames``: expands a node list (``scontrol show hostnames``)."""
-        env = os.environ if env is None else env
-        nodelist = env.get("SLURM_JOB_NODELIST")
-        if nodes <= 1 or not nodelist:
-            return cls.local(nodes)
-        hosts = (hostnames or slurm_hostnames)(nodelist)
-        if len(hosts) < nodes:
-            raise PlacementError(f"the SLURM allocation has {len(hosts)} node(s) ({nodelist}) but the layout needs "
-                                 f"{nodes} — fix: submit the bench job with --nodes {nodes} (the slurm profile sets it "
-                                 "from the config's layout: slurm_nodes in rules/common.smk)")
-        return cls(hosts=tuple(hosts[:nodes]), slurm=True)
+    def of_allocation(cls, nodes: int, job_id: str, node_names, addresses) -> "Placement":
+        """The first ``nodes`` nodes of SLURM job ``job_id`` (``node_names`` in SLURM's order, ``addresses`` their
+        NodeAddr by name). Raises :class:`PlacementError` naming the fix when the job holds fewer."""
+        if len(node_names) < nodes:
+            raise PlacementError(f"SLURM job {job_id} holds {len(node_names)} node(s) ({','.join(node_names)}) but "
+                                 f"the layout needs {nodes} — fix: submit the bench job with --nodes {nodes} "
+                                 f"--ntasks {nodes} (profiles/slurm asks for both from the config's layout: get_nodes "
+                                 "in rules/common.smk)")
+        names = tuple(node_names[:nodes])
+        return cls(hosts=tuple(addresses[n] for n in names), slurm=True, node_names=names, job_id=job_id)
 
     def host(self, node: int) -> str:
         return self.hosts[node]
-
-    def wrap(self, launch: RankLaunch) -> list[str]:
-        """The argv that runs ``launch`` on its node: as is on the job's node, else one ``srun`` step pinned to the
-        node. ``--kill-on-bad-exit`` ends the step when its task fails; a step never outlives the allocation.
-        ``--overlap``: the bench job itself may run as a step that holds the allocation's resources (Snakemake's
-        SLURM executor starts it with ``srun``), and a step that waits for them would never start."""
-        if not self.slurm or launch.node == 0:
-            return list(launch.argv)
-        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={self.hosts[launch.node]}", "--overlap",
-                "--kill-on-bad-exit=1", "--export=ALL", f"--job-name={launch.name}", *launch.argv]
-
-
-def slurm_hostnames(nodelist: str) -> list[str]:
-    """``scontrol show hostnames <nodelist>``: one hostname per node of a compressed node list."""
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        raise PlacementError(f"`scontrol show hostnames {shlex.quote(nodelist)}` failed: {out.stderr.strip()[-300:]}")
-    return out.stdout.split()
 
 
 def layout_facts(layout: Layout, ranks: list[RankLaunch], pids: dict[int, int | None],

@@ -14,7 +14,8 @@ from servesweep.config import ConfigError, ServerConfig, check_config
 from servesweep.engines import get_engine
 from servesweep.layout import Layout, Placement, PlacementError, assign_gpus
 from servesweep.lifecycle.process import ServerStartError
-from servesweep.lifecycle.ranks import claim_ranks
+from servesweep.lifecycle.ranks import claim_ranks, placement_for, rank_argv
+from servesweep.lifecycle.slurm_ranks import Allocation, AllocationError
 
 from conftest import ROOT
 
@@ -55,7 +56,7 @@ def test_a_config_without_nodes_or_roles_is_one_process_and_the_layout_reads_its
 
 def test_sglang_two_node_tp_ranks_join_rank_0s_rendezvous():
     sc = _sc("sglang", {"nodes": 2, "options": {"tp": 16}}, settings={"version": "0.5.17"})
-    placement = Placement(hosts=("node-a", "node-b"), slurm=True)
+    placement = Placement(hosts=("node-a", "node-b"), slurm=True, node_names=("n1", "n2"), job_id="7")
     ranks = get_engine("sglang").rank_launches(sc, Path("/m"), {"python": "/py"}, placement, _ports())
     assert [(r.rank, r.node, r.endpoint) for r in ranks] == [(0, 0, True), (1, 1, False)]
     for i, r in enumerate(ranks):
@@ -65,10 +66,11 @@ def test_sglang_two_node_tp_ranks_join_rank_0s_rendezvous():
     assert _after(ranks[0].argv, "--dist-init-addr") == _after(ranks[1].argv, "--dist-init-addr")
     assert _after(ranks[0].argv, "--dist-init-addr").startswith("node-a:")
     # under SLURM the rank on node 1 is an srun step pinned to its node; rank 0 runs in the job itself
-    assert placement.wrap(ranks[1])[:6] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=node-b", "--overlap",
-                                            "--kill-on-bad-exit=1"]
-    assert placement.wrap(ranks[1])[-len(ranks[1].argv):] == ranks[1].argv
-    assert placement.wrap(ranks[0]) == ranks[0].argv
+    step = rank_argv(placement, ranks[1], "c-1-rank1-rank")
+    assert step[:8] == ["srun", "--jobid=7", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--overlap",
+                        "--job-name=c-1-rank1-rank", "--kill-on-bad-exit=1"]
+    assert step[-len(ranks[1].argv):] == ranks[1].argv
+    assert rank_argv(placement, ranks[0], "c-1-rank0-rank") == ranks[0].argv
 
 
 def test_sglang_pd_servers_sit_behind_its_router():
@@ -179,13 +181,21 @@ def test_planning_refuses_what_the_engine_cannot_do_with_the_key_and_the_fix(eng
 
 
 def test_placement_inside_a_slurm_allocation():
-    env = {"SLURM_JOB_NODELIST": "gpu[01-02]"}
-    placement = Placement.from_environment(2, env, hostnames=lambda nodelist: ["gpu01", "gpu02"])
-    assert placement.hosts == ("gpu01", "gpu02") and placement.slurm
-    assert Placement.from_environment(2, {}) == Placement.local(2)  # no allocation: the rehearsal
-    assert Placement.from_environment(1, env, hostnames=pytest.fail) == Placement.local(1)  # one node needs no srun
-    with pytest.raises(PlacementError, match="--nodes 3"):
-        Placement.from_environment(3, env, hostnames=lambda nodelist: ["gpu01", "gpu02"])
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu01"}  # as inside the SLURM plugin's step: one node named
+    allocation = Allocation(job_id="42", nodes=("gpu01", "gpu02"), addresses={"gpu01": "10.0.0.1", "gpu02": "10.0.0.2"})
+    two, three = _sc("llamacpp", {"nodes": 2}), _sc("llamacpp", {"nodes": 3})
+    placement = placement_for(two, env, allocation_of=lambda e: allocation)
+    assert placement.hosts == ("10.0.0.1", "10.0.0.2") and placement.node_names == ("gpu01", "gpu02")
+    assert placement.slurm and placement.job_id == "42"
+    assert placement_for(two, {}) == Placement.local(2)  # no allocation: the rehearsal
+    assert placement_for(_sc("llamacpp", {}), env, allocation_of=pytest.fail) == Placement.local(1)  # no srun
+    with pytest.raises(PlacementError, match="--nodes 3 --ntasks 3"):
+        placement_for(three, env, allocation_of=lambda e: allocation)
+
+    def outside(e):
+        raise AllocationError("scontrol show job -o 42 failed: Invalid job id specified")
+    with pytest.raises(PlacementError, match="server_configs.c: scontrol show job"):
+        placement_for(two, env, allocation_of=outside)
 
 
 def test_gpus_are_given_out_per_rank():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -19,18 +20,40 @@ from pathlib import Path
 import aiohttp
 
 from servesweep.engines.base import Engine, LaunchSpec
-from servesweep.layout import (Placement, RankLaunch, assign_gpus, layout_facts, local_gpu_count, port_source)
+from servesweep.layout import (Placement, PlacementError, RankLaunch, assign_gpus, layout_facts, local_gpu_count,
+                               port_source)
 from servesweep.lifecycle.process import ServerProcess, ServerStartError, tail_lines
 from servesweep.lifecycle.reap import preflight, refuse_busy_gpus
+from servesweep.lifecycle.slurm_ranks import AllocationError, allocation_from_env, cancel_steps, step_command
 from servesweep.ports import port_in_use
 
 log = logging.getLogger(__name__)
 WATCH_S = 0.2  # how often the watcher looks at every rank
 
 
-def placement_for(sc, env=None) -> Placement:
-    """Where ``sc``'s nodes are: the SLURM allocation's, or this host for each (a rehearsal)."""
-    return Placement.from_environment(sc.layout.total_nodes, env)
+def placement_for(sc, env=None, allocation_of=allocation_from_env) -> Placement:
+    """Where ``sc``'s nodes are: inside a SLURM job (``SLURM_JOB_ID``) and for a layout of several nodes, the job's
+    nodes from the controller (``allocation_of``; not ``SLURM_JOB_NODELIST``, which inside the Snakemake SLURM
+    plugin's step names only the first node); else this host for each (a rehearsal)."""
+    env = os.environ if env is None else env
+    nodes = sc.layout.total_nodes
+    if nodes <= 1 or not env.get("SLURM_JOB_ID"):
+        return Placement.local(nodes)
+    try:
+        allocation = allocation_of(env)
+    except AllocationError as why:
+        raise PlacementError(f"server_configs.{sc.name}: {why}") from why
+    return Placement.of_allocation(nodes, allocation.job_id, allocation.nodes, allocation.addresses)
+
+
+def rank_argv(placement: Placement, launch: RankLaunch, step_name: str) -> list[str]:
+    """The argv that runs ``launch`` on its node: as is on the job's own node (0) or in a rehearsal, else a step of
+    the job pinned to its node (:func:`slurm_ranks.step_command`), ended by SLURM with the job at the latest.
+    ``--kill-on-bad-exit``: a rank whose task fails ends its step."""
+    if not placement.slurm or launch.node == 0:
+        return list(launch.argv)
+    return step_command(placement.job_id, placement.node_names[launch.node], step_name, launch.argv,
+                        ["--kill-on-bad-exit=1"])
 
 
 def local_world(engine: Engine, sc, model_path: Path, prepared: dict, placement: Placement) -> int:
@@ -54,9 +77,11 @@ class RankGroup:
         self.ready_timeout_s = ready_timeout_s
         self.endpoint_rank = next(r for r in ranks if r.endpoint)
         self.processes: dict[int, ServerProcess] = {}
+        # Under SLURM, each step is found again by its name (the pid keeps two launches in one job apart).
+        self.step_names = {r.rank: f"{name}-{os.getpid()}-{r.name}" for r in ranks}
         for r in ranks:
             log_path = Path(attempt_dir) / ("server.log" if r.endpoint else f"ranks/{r.name}.log")
-            spec = LaunchSpec(argv=placement.wrap(r), env=dict(r.env), port=r.port)
+            spec = LaunchSpec(argv=rank_argv(placement, r, self.step_names[r.rank]), env=dict(r.env), port=r.port)
             self.processes[r.rank] = ServerProcess(spec, log_path, stop_grace_s=stop_grace_s, host=r.host,
                                                    records_dir=records_dir, name=f"{name}.{r.name}", gpus=r.gpus,
                                                    config=config)
@@ -191,6 +216,10 @@ class RankGroup:
         order = [self.endpoint] + [self.processes[r.rank] for r in reversed(self.ranks) if not r.endpoint]
         for p in order:
             p.stop()
+        if self.placement.slurm:
+            # srun passes the stop on to its task; a step whose srun was killed outright is cancelled here, so that
+            # none outlives the launch (only the job's end would take it otherwise).
+            cancel_steps(self.placement.job_id, {self.step_names[r.rank] for r in self.ranks if r.node != 0})
         if self._watcher is not None:
             self._watcher.join(timeout=5)
         self.stopped_at = time.time()
