@@ -12,9 +12,9 @@ import pytest
 
 from servesweep.config import ConfigError, ServerConfig, check_config
 from servesweep.engines import get_engine
-from servesweep.layout import Layout, Placement, PlacementError, assign_gpus
+from servesweep.layout import Layout, Placement, PlacementError, RankLaunch, assign_gpus
 from servesweep.lifecycle.process import ServerStartError
-from servesweep.lifecycle.ranks import claim_ranks, placement_for, rank_argv
+from servesweep.lifecycle.ranks import RankGroup, claim_ranks, placement_for, rank_argv
 from servesweep.lifecycle.slurm_ranks import Allocation, AllocationError
 
 from conftest import ROOT
@@ -196,6 +196,30 @@ def test_placement_inside_a_slurm_allocation():
         raise AllocationError("scontrol show job -o 42 failed: Invalid job id specified")
     with pytest.raises(PlacementError, match="server_configs.c: scontrol show job"):
         placement_for(two, env, allocation_of=outside)
+
+
+def test_a_rank_on_another_node_sharing_this_hosts_process_table_counts_as_the_server(tmp_path):
+    """Under SLURM a rank's task on another node is no child of its srun here; where the nodes share this host (the
+    test cluster), its CPU is the server's, found by its exact command line, not a busy neighbour's."""
+    import subprocess
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", f"rank-on-node2-{tmp_path.name}"]
+    task = subprocess.Popen(argv)
+    try:
+        ranks = [RankLaunch(rank=1, role="worker", node=1, argv=argv, port=1),
+                 RankLaunch(rank=0, role="rank", node=0, argv=["llama-server"], port=2, endpoint=True)]
+        slurm = Placement(hosts=("10.0.0.1", "10.0.0.2"), slurm=True, node_names=("n1", "n2"), job_id="7")
+
+        def group(placement):
+            return RankGroup(ranks, placement, tmp_path / "attempt", tmp_path / "servers", "c", 1, 1,
+                             layout=Layout(nodes=2))
+        deadline = time.monotonic() + 10
+        while task.pid not in group(slurm).process_ids() and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the interpreter shows its argv
+        assert task.pid in group(slurm).process_ids()
+        assert task.pid not in group(Placement.local(2)).process_ids()  # a rehearsal's ranks are its own children
+    finally:
+        task.kill()
+        task.wait()
 
 
 def test_gpus_are_given_out_per_rank():

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 from servesweep.engines.base import Engine, LaunchSpec
 from servesweep.layout import (Placement, PlacementError, RankLaunch, assign_gpus, layout_facts, local_gpu_count,
@@ -143,7 +144,22 @@ class RankGroup:
     def process_ids(self) -> list[int]:
         """Every rank's process on this host: their CPU is the server's (telemetry.cpu_snapshot), not a
         neighbour's."""
-        return [pid for pid in self.pids().values() if pid is not None]
+        return [pid for pid in self.pids().values() if pid is not None] + self._step_tasks_here()
+
+    def _step_tasks_here(self) -> list[int]:
+        """Under SLURM a rank on another node runs under that node's slurmd, not under its srun here. Where the
+        nodes share this host's process table (several slurmd on one machine, as tests/slurm_cluster.py) its task is
+        found by its exact command line (its port makes it unique); without that its CPU counted as a busy
+        neighbour's: 51-56 % of the host in every repeat of the two-node RPC test, against 5-6 % beside the
+        one-process config. On a cluster of separate machines nothing matches."""
+        if not self.placement.slurm:
+            return []
+        wanted = {tuple(r.argv) for r in self.ranks if r.node != 0}
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            if tuple(proc.info["cmdline"] or ()) in wanted:
+                found.append(proc.pid)
+        return found
 
     def facts(self) -> dict:
         """meta.json's ``layout``: nodes × GPUs, roles, and per rank its host, port, pid and log."""
