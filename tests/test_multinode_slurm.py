@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -161,6 +162,14 @@ def test_an_rpc_server_step_killed_mid_cell_fails_only_its_launch(cluster, tmp_p
     findings = (workdir / "results/report/FINDINGS.md").read_text()
     assert "`rpc2`" in findings and "`one`" in findings
 
+    # the launch ended at once: its clients did not wait for a server left stopped (docs/multinode.md)
+    stamps = {}
+    for line in bench_log.read_text(errors="replace").splitlines():
+        for what in ("a rank died", "failed while measuring"):
+            if what in line and what not in stamps:
+                stamp = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}", line).group()
+                stamps[what] = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+    assert (stamps["failed while measuring"] - stamps["a rank died"]).total_seconds() < 30, stamps
     attempt = Path(meta["failure"]["attempt_dir"])
     attempt = attempt if attempt.is_absolute() else workdir / attempt
     assert "stopping every rank" in (attempt / "server.log").read_text()
@@ -173,8 +182,8 @@ def test_an_rpc_server_step_killed_mid_cell_fails_only_its_launch(cluster, tmp_p
     (lambda c: c["server_configs"]["rpc2"]["options"].pop("rpc_layers"), "server_configs.rpc2.options.rpc_layers",
      "set options.rpc_layers"),
     (lambda c: c["engines"]["llamacpp"].update(flavour="cpu"), "engines.llamacpp.flavour", "cpu-rpc"),
-    (lambda c: c["server_configs"]["rpc2"].update(roles={"prefill": {}, "decode": {}, "router": {}}, nodes=1),
-     "server_configs.rpc2", "roles"),
+    (lambda c: c["server_configs"].update(rpc2={**c["server_configs"]["one"], "roles": {
+        "prefill": {}, "decode": {}, "router": {}}}), "server_configs.rpc2.roles", "remove roles"),
 ])
 def test_planning_through_the_slurm_profile_refuses_what_cannot_launch(tmp_path, change, key, fix):
     """Refused by `snakemake -n` before any job is submitted, with the key and the fix (no cluster needed)."""

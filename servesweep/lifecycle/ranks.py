@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -220,9 +221,13 @@ class RankGroup:
             log.error("a rank died: %s", what)
             with open(self.endpoint.log_path, "a") as fh:
                 fh.write(f"# servesweep: {what}; stopping every rank\n")
-            for p in self.processes.values():  # the endpoint first: its clients fail now, not at their timeout
+            # The endpoint first: its clients fail now, not at their timeout. SIGKILL, not TERM: the launch has
+            # failed, and a server in its abort handler may not act on TERM (seen under SLURM: llama-server, its
+            # rpc-server gone, stopped while ggml's backtrace attached gdb; gdb took the TERM, llama-server stayed
+            # stopped with TERM pending and its clients waited).
+            for p in [self.endpoint] + [p for p in self.processes.values() if p is not self.endpoint]:
                 if p.alive():
-                    p.kill_group()
+                    p.kill_group(signal.SIGKILL)
             return
 
     def stop(self) -> None:
