@@ -85,7 +85,8 @@ def test_a_two_node_rpc_config_and_a_one_node_config_are_compared_through_the_sl
     worker, server = layout["ranks"]
     # the worker listens on node2's NodeAddr, from the controller (the plugin's step names only node1)
     assert worker["role"] == "worker" and worker["node"] == 1 and worker["host"] == node2.address
-    assert server["endpoint"] and server["argv"][server["argv"].index("--rpc") + 1] == f"{node2.address}:{worker['port']}"
+    assert server["endpoint"]
+    assert server["argv"][server["argv"].index("--rpc") + 1] == f"{node2.address}:{worker['port']}"
     assert server["argv"][server["argv"].index("--n-gpu-layers") + 1] == str(LAYERS_ON_THE_WORKER)
     for block in (0, 1):
         worker_log = (workdir / f"results/runs/rpc2/ranks/b{block}/rank1-worker.log").read_text()
