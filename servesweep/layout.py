@@ -41,22 +41,18 @@ class Layout:
 
     @classmethod
     def from_entry(cls, entry: dict) -> "Layout":
-        """The layout of one ``server_configs`` entry (its defaults filled by the schema)."""
-        roles = tuple(Role(name=name, count=int(r.get("count", 1)), nodes=int(r.get("nodes", 1)), gpus=r.get("gpus"),
-                           options=dict(r.get("options") or {}), env={k: str(v) for k, v in (r.get("env") or {}).items()},
-                           extra_args=tuple(str(a) for a in r.get("extra_args") or ()),
+        """The layout of one ``server_configs`` entry whose defaults the schema filled (its one source of them)."""
+        roles = tuple(Role(name=name, count=int(r["count"]), nodes=int(r["nodes"]), gpus=r.get("gpus"),
+                           options=dict(r["options"]), env={k: str(v) for k, v in r["env"].items()},
+                           extra_args=tuple(str(a) for a in r["extra_args"]),
                            transfer_backend=r.get("transfer_backend"), command=tuple(r.get("command") or ()))
                       for name, r in (entry.get("roles") or {}).items())
-        return cls(nodes=int(entry.get("nodes", 1)), roles=tuple(sorted(roles, key=lambda r: ROLE_NAMES.index(r.name))))
+        return cls(nodes=int(entry["nodes"]), roles=tuple(sorted(roles, key=lambda r: ROLE_NAMES.index(r.name))))
 
     @property
     def single(self) -> bool:
         """One process on one host: the launch every engine has always had."""
         return self.nodes == 1 and not self.roles
-
-    @property
-    def disaggregated(self) -> bool:
-        return bool(self.roles)
 
     def role(self, name: str) -> Role | None:
         return next((r for r in self.roles if r.name == name), None)
