@@ -223,8 +223,8 @@ class RankGroup:
                 fh.write(f"# servesweep: {what}; stopping every rank\n")
             # The endpoint first: its clients fail now, not at their timeout. SIGKILL, not TERM: the launch has
             # failed, and a server in its abort handler may not act on TERM (seen under SLURM: llama-server, its
-            # rpc-server gone, stopped while ggml's backtrace attached gdb; gdb took the TERM, llama-server stayed
-            # stopped with TERM pending and its clients waited).
+            # rpc-server gone, left stopped with TERM pending after ggml's backtrace had attached gdb; its clients
+            # waited).
             for p in [self.endpoint] + [p for p in self.processes.values() if p is not self.endpoint]:
                 if p.alive():
                     p.kill_group(signal.SIGKILL)
