@@ -32,6 +32,10 @@ rule bench_config:
     resources:
         gpu=get_gpus,
         gpu_model=get_gpu_model,
+        nodes=get_nodes,
+        # A task per node: for a job without GPUs the SLURM plugin passes --ntasks (default 1), and SLURM answers
+        # --nodes=2 --ntasks=1 with one node (docs/slurm-multinode.md).
+        tasks=get_nodes,
         runtime=get_runtime_min,
         mem_mb=get_mem_mb,
         cpus_per_task=get_slurm_setting("cpus_per_task"),

@@ -14,6 +14,7 @@ from servesweep.correctness.job import coding_eval_configs
 from servesweep.engines import engine_names, get_engine
 from servesweep.envcheck import nvls_configs
 from servesweep.adaptive import is_auto, read_look, sweep_looks
+from servesweep.layout import Layout, total_gpus
 from servesweep.plan import bench_params, planned_blocks, sweep_orders, sweep_plan_line
 
 # The library's check first (schema with key-naming messages, defaults, semantic checks), then Snakemake's own
@@ -142,9 +143,15 @@ def get_gpus(wildcards):
 
 
 def config_world_size(cfg):
-    """Accelerators one server of config `cfg` occupies."""
+    """Accelerators one server of config `cfg` occupies, over all its nodes for a config of several processes (the
+    SLURM job's --gpus beside its --nodes; a rehearsal holds them all on one host)."""
     entry = config["server_configs"][cfg]
-    return get_engine(entry["engine"]).world_size(entry.get("options", {}))
+    return total_gpus(Layout.from_entry(entry), entry.get("options", {}), get_engine(entry["engine"]).world_size)
+
+
+def get_nodes(wildcards):
+    """Nodes one launch of this config holds (the SLURM profile asks for them; a rank per node, docs/multinode.md)."""
+    return Layout.from_entry(config["server_configs"][wildcards.cfg]).total_nodes
 
 
 def warm_config(engine):
@@ -157,6 +164,8 @@ def warm_config(engine):
     names = [c for c in names if get_engine(engine).world_size(config["server_configs"][c].get("options", {}))]
     # The warm-up job is given one model manifest: a config that also needs its draft model's cannot warm the host.
     names = [c for c in names if not config["server_configs"][c].get("draft_model")]
+    # ... nor can a config of several processes (its ranks are launched by its own bench job only).
+    names = [c for c in names if Layout.from_entry(config["server_configs"][c]).single]
     if not names:
         return None
     return BASELINE if BASELINE in names else names[0]

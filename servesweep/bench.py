@@ -32,6 +32,7 @@ from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, fa
                                        remeasure_command)
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
                                   tail_lines, wait_until_ready)
+from servesweep.lifecycle.ranks import claim_ranks, local_world, placement_for
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
 from servesweep.metrics_series import MetricsSampler, SeriesSettings
 from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
@@ -80,7 +81,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
         window["log_from"] = server.log_path.stat().st_size
-        window["cpu_from"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
+        window["cpu_from"] = cpu_snapshot(server.process_ids())
         telemetry.cell_begin(cell_id)
         window["metrics_before"] = await promtext.scrape(session, base, engine.metrics_path)
         if sampler is not None:
@@ -90,7 +91,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         if sampler is not None:
             window["samples"] = await sampler.end()
         window["log_to"] = server.log_path.stat().st_size
-        window["cpu_to"] = cpu_snapshot(server.proc.pid if server.proc is not None else None)
+        window["cpu_to"] = cpu_snapshot(server.process_ids())
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
         window["metrics_after"] = await promtext.scrape(session, base, engine.metrics_path)
 
@@ -193,8 +194,7 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     row = CellRow(sc.name, sc.engine, key, columns, records, block, samples, spec)
     if not server.alive():
         raise CellServerDied(row, f"the server exited during {key.workload} ctx={key.ctx} {_shown(key)} repeat "
-                                  f"{key.repeat} (exit code {server.proc.poll()}); last log lines:\n"
-                                  + tail_lines(server.log_path, 20))
+                                  f"{key.repeat}: {server.exit_reason()}")
     columns["requested_prompt_tokens"] = workload.requested_prompt_tokens(key.ctx)
     columns["endpoint"] = endpoint
     columns["cache_flushed"] = math.nan if flushed is None else flushed
@@ -440,7 +440,9 @@ def run_config(job: BenchJob, inputs: JobInputs, paths: JobPaths,
                              f"given (got {(draft or {}).get('model')!r}) — fix: pass it as the bench job's "
                              "draft_model input")
         job = replace(job, server=replace(sc, draft_path=Path(draft["path"])))
-    world = get_engine(sc.engine).world_size(sc.options)
+    engine = get_engine(sc.engine)
+    world = engine.world_size(sc.options) if sc.layout.single else local_world(
+        engine, sc, Path(inputs.manifest["path"]), inputs.engine_facts, placement_for(sc))
     if correctness_outputs is not None:
         # the coding eval runs after the matrix: a sandbox that cannot work fails the job before the server starts
         check_sandbox(sc, job.correctness)
@@ -494,16 +496,25 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
     # A server a killed job left behind is reaped here; a foreign process on the port or our GPUs fails the job
     # before anything is measured beside it.
     model_context = check_model_context(job, inputs.manifest)  # before any server starts
-    spec, port, reaped = claim_launch(paths.servers_dir, gpus, engine, sc, Path(inputs.manifest["path"]),
-                                      inputs.engine_facts)
+    group = None
+    if sc.layout.single:
+        spec, port, reaped = claim_launch(paths.servers_dir, gpus, engine, sc, Path(inputs.manifest["path"]),
+                                          inputs.engine_facts)
+    else:  # several processes: every rank claimed and started by its group (docs/multinode.md)
+        group, reaped = claim_ranks(paths.servers_dir, gpus, engine, sc, Path(inputs.manifest["path"]),
+                                    inputs.engine_facts, paths.attempt_dir, job.name)
+        spec, port = group.spec, group.spec.port
     trace_dir = paths.attempt_dir / "profiles" / "server"  # where a profiler set at launch writes
     profiled = job.profile.levels(job.matrix.concurrencies,
                                   engine.speculation_requested(sc.options, sc.draft_model_name) is not None)
+    if profiled and group is not None and engine.profiler is not None:  # no rank is started with the profiler
+        reaped.append("not profiled: the ranks of a multi-process layout are launched without the profiler")
+        profiled = ()
     if profiled and engine.profiler is not None:  # every block alike, though block 0 alone profiles
         spec = engine.profiler_launch(spec, trace_dir)
     writer = CellWriter(paths.attempt_dir)
-    server = ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,
-                           records_dir=paths.servers_dir, name=job.name, gpus=gpus, config=asdict(sc))
+    server = group or ServerProcess(spec, paths.attempt_dir / "server.log", stop_grace_s=sc.stop_grace_s,
+                                   records_dir=paths.servers_dir, name=job.name, gpus=gpus, config=asdict(sc))
     telemetry = Telemetry(gpus, samples_path=paths.attempt_dir / "telemetry.csv")
     meta = launch_meta(job, inputs, engine, spec, port, reaped, held)
     meta.update(model_context)
@@ -545,6 +556,11 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
         meta["status"] = "ok"
     except BaseException as exc:  # also KeyboardInterrupt from SIGTERM: record, tear down, re-raise
         error = exc
+        if group is not None and group.death() and isinstance(exc, Exception) \
+                and not isinstance(exc, ServerStartError):  # whatever the client saw, a dead rank is the reason
+            error = ServerStartError(f"a rank died during the {stage}: {group.death()}")
+            error.__cause__ = exc
+        exc = error
         meta["status"] = "failed"
         meta["error"] = f"{type(exc).__name__}: {exc}"
         meta["failure"] = LaunchFailure.of(exc, stage, paths.attempt_dir, len(writer.cells)).as_dict()
@@ -557,6 +573,8 @@ def _run_leased(job: BenchJob, inputs: JobInputs, paths: JobPaths, correctness_o
                                     "process would distort the next config")
         telemetry.stop()
         meta["stop_time"] = server.stopped_at
+        if group is not None:
+            meta["layout"] = group.facts()
         meta["cells_measured"] = len(writer.cells)
         (paths.attempt_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     if error is not None:
@@ -588,6 +606,10 @@ def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
     for name in ("metrics-start.prom", "metrics-end.prom", "capacity_probes.csv"):  # not declared outputs: kept
         if (paths.attempt_dir / name).exists():
             shutil.copyfile(paths.attempt_dir / name, paths.cells_csv.parent / name)
+    ranks = paths.attempt_dir / "ranks"
+    if ranks.exists():  # each rank's own log beside the endpoint's server.log (a multi-process layout)
+        shutil.rmtree(paths.cells_csv.parent / "ranks", ignore_errors=True)
+        shutil.copytree(ranks, paths.cells_csv.parent / "ranks")
     profiles = paths.attempt_dir / "profiles"
     if profiles.exists():  # the profiled cells' traces, compressed (not a declared output: a folder of its own)
         shutil.rmtree(paths.cells_csv.parent / "profiles", ignore_errors=True)

@@ -126,7 +126,7 @@ def attainment_over_launches(means: list[dict]) -> dict:
 def launch_summary(meta: dict) -> dict:
     """What the run folder's meta.json keeps of each launch."""
     keys = ("block", "block_position", "block_run", "status", "start_time", "ready_s", "first_cell_at", "stop_time",
-            "cells_measured", "port", "warnings", "startup_cache_growth_bytes", "host_lease", "failure")
+            "cells_measured", "port", "warnings", "startup_cache_growth_bytes", "host_lease", "failure", "layout")
     return {k: meta.get(k) for k in keys if k in meta}
 
 
@@ -196,6 +196,11 @@ def _write_records(launches: list[LaunchFiles], metas: list[dict], out: LaunchFi
             dest = out.meta.parent / "profiles" / f"b{meta.get('block', 0)}"
             shutil.rmtree(dest, ignore_errors=True)
             shutil.copytree(f.meta.parent / "profiles", dest)
+    for f, meta in zip(launches, metas):  # each rank's log of a multi-process layout
+        if (f.meta.parent / "ranks").is_dir():
+            dest = out.meta.parent / "ranks" / f"b{meta.get('block', 0)}"
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(f.meta.parent / "ranks", dest)
     shutil.copyfile(launches[0].coding_eval, out.coding_eval)
     shutil.copyfile(launches[0].greedy, out.greedy)
 

@@ -22,6 +22,7 @@ from servesweep import acceptance
 from servesweep.adaptive import is_auto, planned_blocks, sweep_looks
 from servesweep.acceptance import Simulation
 from servesweep.capacity import CapacitySettings
+from servesweep.layout import Layout
 from servesweep.metrics_series import SeriesSettings
 from servesweep.profiled import ProfileSettings
 from servesweep.slo import SLO, slos_from_config
@@ -222,6 +223,8 @@ class ServerConfig:
     draft_path: Path | None = None  # where the draft is on this host: set by the bench job from its manifest
     # `speculation:` — an accept length the engine is told to simulate (servesweep.acceptance); None: measured
     simulation: Simulation | None = None
+    # `nodes` and `roles`: the processes of one server (servesweep.layout); Layout(): one process on one host
+    layout: Layout = field(default_factory=Layout)
 
     @classmethod
     def from_config(cls, name: str, config: dict) -> "ServerConfig":
@@ -257,6 +260,7 @@ class ServerConfig:
             draft_model_name=sc.get("draft_model"),
             draft_model=draft_model if sc.get("draft_model") else None,
             simulation=acceptance.from_entry(sc.get("speculation")),
+            layout=Layout.from_entry(sc),
         )
 
     @property

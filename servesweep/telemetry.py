@@ -68,14 +68,17 @@ def read_rapl_uj(root: Path = RAPL_ROOT) -> tuple[int | None, int | None, str]:
     return (total, wrap, "") if found else (None, None, "no RAPL power-capping zones on this host")
 
 
-def cpu_snapshot(server_pid: int | None) -> tuple[float, float, float]:
-    """(host CPU seconds busy, the server's process tree's CPU seconds, this job's own CPU seconds) right now."""
+def cpu_snapshot(server_pid) -> tuple[float, float, float]:
+    """(host CPU seconds busy, the server's process trees' CPU seconds, this job's own CPU seconds) right now.
+    ``server_pid``: the server's process, or a list of them (every rank of a server of several processes on this
+    host: their CPU is the server's, not a neighbour's)."""
     host = psutil.cpu_times()
     busy = sum(host) - host.idle - getattr(host, "iowait", 0.0)
     served = 0.0
-    if server_pid is not None:
+    roots = [server_pid] if isinstance(server_pid, int) else [p for p in server_pid or () if p is not None]
+    for pid in roots:
         try:
-            root = psutil.Process(server_pid)
+            root = psutil.Process(pid)
             for proc in [root, *root.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):
                     t = proc.cpu_times()

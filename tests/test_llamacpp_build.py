@@ -150,3 +150,28 @@ def test_a_failed_build_shows_the_logs_tail_and_path(tmp_path):
     log = next((tmp_path / "cache").glob("llama.cpp-0.0.7-cpu-*.build.log"))
     assert f"whole log: {log}" in shown and shown[-1].endswith(f"see the build log {log}")
     assert len(shown) <= llamacpp_build.LOG_TAIL_LINES + 6
+
+
+def test_the_rpc_flavour_builds_rpc_server_beside_llama_server_in_a_cache_entry_of_its_own(tmp_path, monkeypatch):
+    """``cpu-rpc`` turns the RPC backend on and installs its worker as ``rpc-server``; the plain flavour's cache key
+    is what it was, so its cached binary is not built again."""
+    monkeypatch.setenv("SERVESWEEP_CACHE", str(tmp_path / "cache"))
+    assert "-DGGML_RPC=ON" in llamacpp_build.cmake_args("cpu-rpc")
+    assert "-DGGML_RPC=ON" not in llamacpp_build.cmake_args("cpu")
+    cuda = llamacpp_build.cmake_args("cuda-90-rpc")
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" in cuda and "-DGGML_RPC=ON" in cuda
+    key = llamacpp_build.isa_key()
+    assert llamacpp_build.binary_path("0.3.36", "cpu") == (
+        tmp_path / "cache" / f"llama.cpp-0.3.36-cpu-{key}" / "bin" / "llama-server")  # the key from before
+    sdist = fake_llama_sdist(tmp_path, "0.0.7", "rpc-capable llama-server")
+    with open(tmp_path / "build.log", "w") as log:
+        server = llamacpp_build.build_llama_server("0.0.7", "cpu-rpc", sdist, log=log)
+    assert server == tmp_path / "cache" / f"llama.cpp-0.0.7-cpu-rpc-{key}" / "bin" / "llama-server"
+    rpc = llamacpp_build.rpc_server_path("0.0.7", "cpu-rpc")
+    assert rpc == server.with_name("rpc-server")
+    assert subprocess.run([str(rpc)], capture_output=True, text=True).stdout.strip() == "fake rpc-server"
+    # an entry whose worker went missing is not whole: built again
+    rpc.unlink()
+    with open(tmp_path / "again.log", "w") as log:
+        assert llamacpp_build.build_llama_server("0.0.7", "cpu-rpc", sdist, log=log) == server
+    assert rpc.exists()

@@ -4,13 +4,14 @@ from __future__ import annotations
 import abc
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import aiohttp
 
 from servesweep import promtext
+from servesweep.layout import Placement, RankLaunch, layout_problems
 from servesweep.workloads import get_workload
 
 if TYPE_CHECKING:  # type names only: loading an engine module stays cheap
@@ -196,9 +197,17 @@ class Engine(abc.ABC):
         engine's own checks assume well-typed values), then the engine's checks against the sweep's ``matrix``, then
         the GPUs it needs against ``host_gpus`` (None: the host's count is not stated)."""
         problems = self.option_problems(sc) + self.managed_flag_problems(sc) + self.draft_problems(sc)
+        for role in sc.layout.roles:  # each role's options are the engine's options too
+            if role.name != "router":
+                own = replace(sc, options=dict(role.options), extra_args=list(role.extra_args))
+                problems += [(k.replace(f"{sc.name}.options", f"{sc.name}.roles.{role.name}.options")
+                              .replace(f"{sc.name}.extra_args", f"{sc.name}.roles.{role.name}.extra_args"), w, f)
+                             for k, w, f in self.option_problems(own) + self.managed_flag_problems(own)]
         if problems:
             return problems
-        problems = self.engine_problems(sc, matrix)
+        problems = self.engine_problems(sc, matrix) + layout_problems(sc.name, sc.layout)
+        if not problems and not sc.layout.single:
+            problems += self.layout_problems(sc)
         if sc.simulation is not None:
             problems += self.simulation_problems(sc)
         if matrix is not None:
@@ -316,6 +325,19 @@ class Engine(abc.ABC):
         (``kv_capacity_tokens``, ``kv_capacity_source``: where it was read) and/or the most requests it runs at once
         (``max_running_requests``, ``max_running_source``); {} where the server says neither."""
         return {}
+
+    # --- a server of several processes (servesweep.layout, docs/multinode.md) ------------------------------------
+    def layout_problems(self, sc: ServerConfig) -> list[Problem]:
+        """What this engine cannot do of ``sc.layout`` (not one process), found before any server starts. An engine
+        that builds ranks (:meth:`rank_launches`) overrides it."""
+        key = f"server_configs.{sc.name}." + ("roles" if sc.layout.roles else "nodes")
+        return [(key, f"servesweep launches {self.label} as one process only", "remove nodes and roles")]
+
+    def rank_launches(self, sc: ServerConfig, model_path: Path, prepared: dict, placement: Placement,
+                      next_port) -> list[RankLaunch]:
+        """The processes of a config whose layout is not one process, endpoint included, in start order; each
+        port from ``next_port()`` (distinct), each host from ``placement``."""
+        raise NotImplementedError(f"{self.label} builds no ranks")
 
     def config_warnings(self, sc: ServerConfig) -> list[str]:
         """Non-fatal notes (e.g. a silent server-side cap) shown in the job log and the report."""

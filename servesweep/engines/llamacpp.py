@@ -12,6 +12,7 @@ from servesweep import logs, promtext
 from servesweep.engines import llamacpp_build
 from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, LaunchSpec, LogEvent, per_position_columns,
                                      spec_counter_columns)
+from servesweep.layout import RankLaunch
 
 # structured option -> (flag, kind); the kinds are Engine.option_argv's
 OPTIONS = {
@@ -41,6 +42,10 @@ OPTIONS = {
     "spec_ngram_size_m": ("--spec-ngram-simple-size-m", "value"),
     "spec_ngram_min_hits": ("--spec-ngram-simple-min-hits", "value"),
     "n_gpu_layers_draft": ("--n-gpu-layers-draft", "value"),
+    # With `nodes` > 1: the layers rank 0 hands to the rpc-server workers (RPC devices count as GPUs for
+    # --n-gpu-layers, the vendored tools/rpc/README.md); the rest stay on rank 0's CPU. Its own key so that a CPU
+    # config's world size stays 0 (n_gpu_layers ≠ 0 means a local GPU).
+    "rpc_layers": ("--n-gpu-layers", "value"),
 }
 # common_speculative_type_from_name_map (common/speculative.cpp of the vendored llama.cpp).
 SPEC_TYPES = {"none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
@@ -91,7 +96,7 @@ class LlamaCppEngine(Engine):
     tokenize_fields = ("content", "add_special")
     settings_schema = {"type": "object", "additionalProperties": False, "properties": {
         "version": {"type": "string", "default": llamacpp_build.DEFAULT_VERSION},
-        "flavour": {"type": "string", "default": "cpu", "pattern": "^(cpu|cuda(-[0-9]+)?)$"},
+        "flavour": {"type": "string", "default": "cpu", "pattern": "^(cpu|cuda(-[0-9]+)?)(-rpc)?$"},
         "binary": {"type": "string"},
     }}
     generated_tokens_metric = "llamacpp:tokens_predicted_total"
@@ -111,7 +116,7 @@ class LlamaCppEngine(Engine):
         "-a": "the served name", "--hf-repo": "the config's model", "-hf": "the config's model",
         "--model-url": "the config's model", "-mu": "the config's model", "--metrics": "the engine counters",
         "--log-timestamps": "the log the job parses", "--log-prefix": "the log the job parses",
-        "--api-key-file": "unauthenticated requests",
+        "--api-key-file": "unauthenticated requests", "--rpc": "the config's nodes (its rpc-server workers)",
         "--path": "the API routes it calls", "--api-prefix": "the API routes it calls",
         "--spec-synth-len": "speculation.simulated_accept_length", "--spec-synth-rates":
         "speculation.simulated_accept_length",
@@ -144,10 +149,57 @@ class LlamaCppEngine(Engine):
         if ("draft_max" in opts or "draft_min" in opts) and not self.speculation_requested(opts, sc.draft_model_name):
             problems.append((f"{key}.draft_max", "draft_max / draft_min are set but no speculative decoding is",
                              "set draft_model or spec_type, or remove them"))
+        if "rpc_layers" in opts and sc.layout.nodes == 1:
+            problems.append((f"{key}.rpc_layers", "rpc_layers places layers on rpc-server workers, and nodes is 1",
+                             "set nodes to 2 or more, or remove rpc_layers"))
         if sc.model.get("format") != "gguf":
             problems.append((f"models.{sc.model_name}.format", "llama.cpp serves GGUF files only",
                              "point this config at a model with format: gguf"))
         return problems
+
+    def layout_problems(self, sc):
+        key = f"server_configs.{sc.name}"
+        if sc.layout.roles:
+            return [(f"{key}.roles", "llama.cpp has no prefill/decode disaggregation (one llama-server serves both)",
+                     "remove roles; spread one server over nodes with `nodes` (rpc-server workers)")]
+        problems = []
+        flavour = str(sc.engine_settings.get("flavour") or "cpu")
+        if not llamacpp_build.has_rpc(flavour) and not sc.engine_settings.get("binary"):
+            problems.append(("engines.llamacpp.flavour", f"nodes: {sc.layout.nodes} needs llama.cpp's RPC backend, "
+                             f"which the {flavour} build leaves out",
+                             f"set engines.llamacpp.flavour to {flavour}{llamacpp_build.RPC_SUFFIX}"))
+        if "rpc_layers" not in sc.options:
+            problems.append((f"{key}.options.rpc_layers", "unset, llama.cpp's own fit decides how many layers the "
+                             "rpc-server workers hold, which the report could not name",
+                             "set options.rpc_layers (layers on the workers; the rest stay on rank 0)"))
+        if "n_gpu_layers" in sc.options:
+            problems.append((f"{key}.options.n_gpu_layers", "with nodes > 1 the offloaded layers are rpc_layers",
+                             "remove n_gpu_layers"))
+        if self.speculation_requested(sc.options, sc.draft_model_name) or sc.simulation is not None:
+            problems.append((f"{key}.nodes", "speculative decoding over RPC workers was never checked here",
+                             "measure speculation on one node (nodes: 1)"))
+        return problems
+
+    def rank_launches(self, sc, model_path, prepared, placement, next_port):
+        # One rpc-server per worker node (`rpc-server -H host -p port`, tools/rpc/rpc-server.cpp), and llama-server
+        # on node 0 with `--rpc host:port,...` (common/arg.cpp of the vendored llama.cpp), the endpoint.
+        rpc = prepared.get("rpc_server")
+        if not rpc:
+            raise RuntimeError("engines.llamacpp: the prepared build has no rpc-server — fix: set "
+                               f"engines.llamacpp.flavour to cpu{llamacpp_build.RPC_SUFFIX}")
+        workers = []
+        for node in range(1, sc.layout.nodes):
+            host, port = placement.host(node), next_port()
+            argv = [rpc, "-H", host, "-p", str(port)]
+            if sc.options.get("threads"):
+                argv += ["-t", str(sc.options["threads"])]
+            workers.append(RankLaunch(rank=node, role="worker", node=node, argv=argv, env=dict(sc.env), port=port,
+                                      host=host, probe="port"))
+        port = next_port()
+        spec = self.launch(sc, model_path, port, prepared)
+        endpoint = RankLaunch(rank=0, role="rank", node=0, argv=spec.argv + [
+            "--rpc", ",".join(f"{w.host}:{w.port}" for w in workers)], env=spec.env, port=port, endpoint=True)
+        return workers + [endpoint]
 
     def context_limit(self, sc):
         opts = sc.options
@@ -229,8 +281,11 @@ class LlamaCppEngine(Engine):
             # the build's stages reach the terminal too: a first build in a job takes minutes
             path = llamacpp_build.build_llama_server(version, settings.get("flavour", "cpu"), log=log,
                                                      show=logs.terminal())
-        return {"engine": self.name, "binary": str(path), "llama_cpp_python_sdist": version,
-                "version": reported_version(path)}
+        facts = {"engine": self.name, "binary": str(path), "llama_cpp_python_sdist": version,
+                 "version": reported_version(path)}
+        if path.with_name("rpc-server").exists():  # an RPC flavour's worker, beside its llama-server
+            facts["rpc_server"] = str(path.with_name("rpc-server"))
+        return facts
 
     def launch(self, sc, model_path, port, prepared):
         argv = [prepared["binary"], "--model", str(model_path), "--alias", sc.served_name,

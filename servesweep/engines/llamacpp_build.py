@@ -75,9 +75,28 @@ def isa_key(cpuinfo: str | None = None) -> str:
     return f"{platform.machine() or 'unknown'}-{hashlib.sha256(features.encode()).hexdigest()[:12]}"
 
 
+# A flavour ending in this also builds ggml's RPC backend (-DGGML_RPC=ON) and its worker, so that one llama-server can
+# spread a model's layers over rpc-server processes on other nodes (the vendored tools/rpc/README.md). It is its own
+# flavour, hence its own cache entry: the plain flavours' cached binaries keep their keys.
+RPC_SUFFIX = "-rpc"
+# The worker's CMake target in the vendored llama.cpp of 0.3.36 (tools/rpc/CMakeLists.txt: ``set(TARGET
+# ggml-rpc-server)``); installed into the cache as ``rpc-server``, the name llama.cpp's docs use.
+RPC_TARGET = "ggml-rpc-server"
+
+
+def has_rpc(flavour: str) -> bool:
+    """Whether ``flavour`` (``cpu-rpc``, ``cuda-90-rpc``) builds the RPC backend and ``rpc-server``."""
+    return flavour.endswith(RPC_SUFFIX)
+
+
 def binary_path(version: str = DEFAULT_VERSION, flavour: str = "cpu", key: str | None = None) -> Path:
     """The cached binary for this node's instruction sets (``key``: :func:`isa_key` by default)."""
     return cache_root() / f"llama.cpp-{version}-{flavour}-{key or isa_key()}" / "bin" / "llama-server"
+
+
+def rpc_server_path(version: str = DEFAULT_VERSION, flavour: str = "cpu-rpc", key: str | None = None) -> Path:
+    """The cached ``rpc-server`` of an RPC flavour, beside its ``llama-server``."""
+    return binary_path(version, flavour, key).with_name("rpc-server")
 
 
 def unkeyed_binary_path(version: str = DEFAULT_VERSION, flavour: str = "cpu") -> Path:
@@ -199,6 +218,11 @@ def _usable(target: Path, version: str, flavour: str, log) -> bool:
     return False
 
 
+def _has_worker(target: Path, flavour: str) -> bool:
+    """An RPC flavour's cache entry is whole only with its ``rpc-server`` beside ``llama-server``."""
+    return not has_rpc(flavour) or target.with_name("rpc-server").exists()
+
+
 def _fetch_sdist(version: str, workdir: Path, out: TextIO, stages: Stages) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
            f"llama-cpp-python=={version}", "-d", str(workdir)]
@@ -211,7 +235,8 @@ def _fetch_sdist(version: str, workdir: Path, out: TextIO, stages: Stages) -> Pa
 
 
 def cmake_args(flavour: str) -> list[str]:
-    """CMake options: static, server only, no tests/examples/web UI; CUDA when the flavour asks for it."""
+    """CMake options: static, server only, no tests/examples/web UI; CUDA and the RPC backend when the flavour asks
+    for them."""
     args = [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DBUILD_SHARED_LIBS=OFF",
@@ -226,9 +251,12 @@ def cmake_args(flavour: str) -> list[str]:
     if platform.machine() in ("x86_64", "AMD64", "i686"):
         # GCC keeps an explicit -mno-* over what -march=native implies, whatever their order on the command line.
         args += [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
-    if flavour.startswith("cuda"):
-        arch = flavour.split("-", 1)[1] if "-" in flavour else "90"
+    base = flavour.removesuffix(RPC_SUFFIX)
+    if base.startswith("cuda"):
+        arch = base.split("-", 1)[1] if "-" in base else "90"
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
+    if has_rpc(flavour):
+        args.append("-DGGML_RPC=ON")
     return args
 
 
@@ -241,14 +269,14 @@ def build_llama_server(version: str = DEFAULT_VERSION, flavour: str = "cpu", sdi
     callers (parallel jobs, tests) wait for one build instead of racing.
     """
     target = binary_path(version, flavour)
-    if target.exists() and run_problem(target) is None:
+    if target.exists() and run_problem(target) is None and _has_worker(target, flavour):
         return target
     target.parent.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent.parent.with_suffix(".lock")
     stages = Stages(log, show)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _usable(target, version, flavour, log):
+        if _usable(target, version, flavour, log) and _has_worker(target, flavour):
             return target
         build_log = build_log_path(version, flavour)
         with open(build_log, "a") as out:
@@ -291,14 +319,16 @@ def _build(target: Path, version: str, flavour: str, sdist: Path | None, jobs: i
         shutil.rmtree(work, ignore_errors=True)
         raise RuntimeError(f"{sdist} has no vendor/llama.cpp directory")
     build = work / "build"
-    expected = CPU_BUILD_TIME if flavour == "cpu" else "longer than the CPU build's 5-7 min on 2 cores"
+    expected = CPU_BUILD_TIME if flavour.removesuffix(RPC_SUFFIX) == "cpu" else "longer than the CPU build's 5-7 min on 2 cores"
     stages.say(f"building llama-server from llama-cpp-python {version} ({flavour}, {jobs} jobs), {expected}; "
                f"log: {out.name}")
     _run_step(["cmake", "-S", str(roots[0]), "-B", str(build), *cmake_args(flavour)], out, stages, "cmake configure")
-    _run_step(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], out, stages,
-              "compile")
+    targets = ["llama-server"] + ([RPC_TARGET] if has_rpc(flavour) else [])
+    _run_step(["cmake", "--build", str(build), "--target", *targets, "-j", str(jobs)], out, stages, "compile")
     built = build / "bin" / "llama-server"
     target.parent.mkdir(parents=True, exist_ok=True)
+    if has_rpc(flavour):  # the worker first: the entry counts as built once llama-server is in place
+        shutil.copy2(build / "bin" / RPC_TARGET, target.with_name("rpc-server"))
     shutil.copy2(built, target.with_suffix(".tmp"))
     os.replace(target.with_suffix(".tmp"), target)
     (target.parent / "cpu-features.txt").write_text(f"built here\n{' '.join(cpu_features())}\n")
@@ -311,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--version", default=DEFAULT_VERSION)
-    ap.add_argument("--flavour", default="cpu", help="cpu, or cuda-<arch> such as cuda-90")
+    ap.add_argument("--flavour", default="cpu", help="cpu, or cuda-<arch> such as cuda-90; with -rpc (cpu-rpc, "
+                    "cuda-90-rpc) it also builds the RPC backend and rpc-server")
     ap.add_argument("--sdist", type=Path, help="a local llama-cpp-python sdist instead of pip download")
     args = ap.parse_args(argv)
     try:

@@ -20,6 +20,7 @@ from servesweep.clock import now
 from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, cell_label, gpu_jit_cache_dirs,
                                      spec_columns)
 from servesweep.engines.sglang_log import parse_sglang_log
+from servesweep.engines import sglang_ranks
 from servesweep.numeric import mean_or_nan
 from servesweep.versions import version_tuple
 
@@ -416,6 +417,12 @@ class SGLangEngine(Engine):
                   f"follow {wanted}", file=log, flush=True)
         return {"engine": self.name, "python": python, "version": version, "flag_version": flag_version(
             settings, {"version": version})}
+
+    def layout_problems(self, sc):
+        return sglang_ranks.layout_problems(self, sc)
+
+    def rank_launches(self, sc, model_path, prepared, placement, next_port):
+        return sglang_ranks.rank_launches(self, sc, model_path, prepared, placement, next_port)
 
     def launch(self, sc, model_path, port, prepared):
         argv = [prepared["python"], "-m", "sglang.launch_server", "--model-path", str(model_path),

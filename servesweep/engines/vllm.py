@@ -22,6 +22,7 @@ from servesweep import promtext
 from servesweep.versions import version_tuple
 from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, LogEvent, cell_label,
                                      gpu_jit_cache_dirs, per_position_columns, spec_counter_columns)
+from servesweep.engines import vllm_ranks
 
 # The variable that makes vLLM's API server register its development routes, /reset_prefix_cache among them.
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -283,6 +284,12 @@ class VLLMEngine(Engine):
             out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=300)
             version = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
         return {"engine": self.name, "executable": executable, "version": version}
+
+    def layout_problems(self, sc):
+        return vllm_ranks.layout_problems(self, sc)
+
+    def rank_launches(self, sc, model_path, prepared, placement, next_port):
+        return vllm_ranks.rank_launches(self, sc, model_path, prepared, placement, next_port)
 
     def launch(self, sc, model_path, port, prepared):
         argv = [prepared["executable"], "serve", str(model_path), "--served-model-name", sc.served_name,

@@ -207,6 +207,21 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def process_ids(self) -> list[int]:
+        """The server's process on this host (its children are found from it)."""
+        return [self.proc.pid] if self.proc is not None else []
+
+    def exit_reason(self) -> str:
+        """How the server ended, for a failure message: its exit code and its last log lines."""
+        code = self.proc.poll() if self.proc is not None else None
+        return f"exit code {code}; last log lines ({self.log_path}):\n{tail_lines(self.log_path, 20)}"
+
+    def kill_group(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the server's whole process group now, without waiting (:meth:`stop` finishes the job)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
     def stop(self) -> None:
         """Kill the whole process group (TERM, grace, KILL) and wait until the port is free."""
         if self.proc is None:

@@ -10,9 +10,10 @@ from servesweep.engines.base import Engine
 from servesweep.lifecycle.process import ServerProcess, ServerStartError, tail_lines
 
 
-async def wait_until_ready(server: ServerProcess, engine: Engine, sc, timeout_s: float,
+async def wait_until_ready(server, engine: Engine, sc, timeout_s: float,
                            poll_s: float = 0.5) -> dict:
-    """Ready = health endpoint says ready AND a real 1-token generation succeeds AND identity matches.
+    """Ready = health endpoint says ready AND a real 1-token generation succeeds AND identity matches. ``server``: a
+    :class:`ServerProcess`, or a :class:`servesweep.lifecycle.ranks.RankGroup` (alive = every rank alive).
 
     Returns facts for meta.json (health history, identity, timings). Raises ServerStartError with the last 50 log
     lines on death, timeout or identity mismatch.
@@ -26,6 +27,9 @@ async def wait_until_ready(server: ServerProcess, engine: Engine, sc, timeout_s:
     # connections (or announces keep-alive and closes anyway) must not fail readiness on a stale pooled socket.
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as session:
         while True:
+            if not server.alive() and hasattr(server, "ranks"):
+                raise ServerStartError(f"server for config '{sc.name}' lost a rank before it was ready: "
+                                       f"{server.exit_reason()}")
             if not server.alive():
                 raise ServerStartError(
                     f"server for config '{sc.name}' exited with code {server.proc.returncode} before it was ready; "
@@ -46,7 +50,8 @@ async def wait_until_ready(server: ServerProcess, engine: Engine, sc, timeout_s:
                 last_detail = f"health ok but generation failed: {gen_detail}"
             await asyncio.sleep(poll_s)
         facts["health_ok_at"] = time.time()
-        identity, problems = await engine.identity(session, base, sc)
+        # a router reports no identity of its own: a multi-process server names where it does (RankGroup)
+        identity, problems = await engine.identity(session, getattr(server, "identity_url", base), sc)
         facts["identity"] = identity
         if problems:
             raise ServerStartError(

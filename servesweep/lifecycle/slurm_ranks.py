@@ -87,6 +87,44 @@ def allocation_from_env(env: Mapping[str, str] | None = None) -> Allocation:
     return Allocation(job_id=job_id, nodes=nodes, addresses={n: node_address(n, env) for n in nodes})
 
 
+def step_command(job_id: str, node: str, step_name: str, argv: Sequence[str],
+                 srun_options: Sequence[str] = ()) -> list[str]:
+    """The ``srun`` line that runs ``argv`` as a one-task step of job ``job_id`` pinned to ``node``, sharing the
+    node's resources with every other step (``--overlap``) and findable again by ``step_name`` (squeue's %j)."""
+    return ["srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap",
+            f"--job-name={step_name}", *srun_options, *argv]
+
+
+def listed_steps(job_id: str, names: set[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Step name -> step id (``<job>.<step>``) of the steps of ``job_id`` named in ``names`` that SLURM lists now;
+    empty when the job is gone (its steps with it) or the controller did not answer (callers retry)."""
+    out = subprocess.run(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"],
+                         capture_output=True, text=True, env=None if env is None else dict(env))
+    if out.returncode != 0:
+        return {}
+    found = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] in names:
+            found[parts[1]] = parts[0]
+    return found
+
+
+def cancel_steps(job_id: str, names: set[str], env: Mapping[str, str] | None = None, timeout_s: float = 60) -> None:
+    """``scancel`` the listed steps of ``job_id`` named in ``names`` until SLURM lists none of them.
+
+    Raises RuntimeError naming the steps still listed after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = listed_steps(job_id, names, env)
+        if not listed:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {job_id}: steps still listed after {timeout_s:.0f} s: {sorted(listed.values())}")
+        subprocess.run(["scancel", *listed.values()], capture_output=True, env=None if env is None else dict(env))
+        time.sleep(0.5)
+
+
 @dataclass
 class RankStep:
     """One rank: its node, argv and log, the step's name, and the ``srun`` process that drives it."""
@@ -139,8 +177,7 @@ class RankSteps:
         step_name = f"{self.prefix}-r{rank}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"rank{rank}.log"
-        cmd = ["srun", f"--jobid={self.allocation.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-               "--overlap", f"--job-name={step_name}", *srun_options, *argv]
+        cmd = step_command(self.allocation.job_id, node, step_name, argv, srun_options)
         with open(log, "ab") as out:
             # A session of its own: a Ctrl-C or group kill aimed at the launcher reaches srun only through stop().
             process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -151,17 +188,7 @@ class RankSteps:
 
     def step_ids(self) -> dict[str, str]:
         """Step name -> SLURM step id (``<job>.<step>``) of this launch's steps that SLURM lists now."""
-        out = subprocess.run(["squeue", "--noheader", "--steps", f"--jobs={self.allocation.job_id}",
-                              "--format=%i %j"], capture_output=True, text=True, env=self.env)
-        if out.returncode != 0:
-            return {}  # the job is gone (and its steps with it), or the controller did not answer: retried by stop()
-        names = {s.step_name for s in self.steps}
-        found = {}
-        for line in out.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[1] in names:
-                found[parts[1]] = parts[0]
-        return found
+        return listed_steps(self.allocation.job_id, {s.step_name for s in self.steps}, self.env)
 
     def stop(self, timeout_s: float = 60) -> None:
         """Cancel every step of this launch and wait until each srun has exited and SLURM lists none of them.

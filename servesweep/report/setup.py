@@ -7,12 +7,42 @@ from servesweep.warmup import describe_growth
 from servesweep.report.text import _fmt
 
 
+def layout_name(meta: dict) -> str:
+    """A launch's layout in words (servesweep.layout): ``1 process`` for a server of one process."""
+    return (meta.get("layout") or {}).get("description") or "1 process"
+
+
 def setup_section(metas: list[dict]) -> list[str]:
-    lines = ["| config | engine | version | model | labels | ready after | status |", "|---|---|---|---|---|---|---|"]
+    lines = ["| config | engine | version | model | layout | labels | ready after | status |",
+             "|---|---|---|---|---|---|---|---|"]
     for m in metas:
         labels = ", ".join(f"{k}={v}" for k, v in (m.get("labels") or {}).items())
         lines.append(f"| `{m['config']}` | {m['engine']} | {m.get('engine_version') or '–'} | {m['model']} "
-                     f"| {labels} | {_fmt(m.get('ready_s'))} s | {m.get('status')} |")
+                     f"| {layout_name(m)} | {labels} | {_fmt(m.get('ready_s'))} s | {m.get('status')} |")
+    return lines + layout_section(metas)
+
+
+def layout_section(metas: list[dict]) -> list[str]:
+    """The processes of each multi-process config (docs/multinode.md): per rank its role, node, address, pid and
+    log, as its launch recorded them; with several layouts in the sweep, a sentence that their comparison is the
+    speedup table's (each against the baseline at matched cells)."""
+    spread = [m for m in metas if m.get("layout")]
+    if not spread:
+        return []
+    lines = ["", "Layouts of several processes (each rank's log under `results/runs/<config>/ranks/b<block>/`, "
+             "the endpoint's in `server.log`):", ""]
+    for m in spread:
+        lay = m["layout"]
+        where = "SLURM steps, one per node" if lay.get("slurm") else "on one host, a port per rank: a rehearsal"
+        lines.append(f"- `{m['config']}`: {lay.get('description')}, {where}")
+        for r in lay.get("ranks") or []:
+            role = "" if r["role"] == "rank" else f" {r['role']}"  # a node of one server has no role besides
+            lines.append(f"  - rank {r['rank']}{role}{' (endpoint)' if r.get('endpoint') else ''}: node "
+                         f"{r['node']}, {r['host']}:{r.get('port') or '-'}, pid {r.get('pid')}, `{r.get('log')}`")
+    others = sorted({layout_name(m) for m in metas})
+    if len(others) > 1:
+        lines += ["", f"The sweep compares {len(others)} layouts ({'; '.join(others)}): their throughput against "
+                  "the baseline is in the findings below, paired by block like every config's."]
     return lines
 
 

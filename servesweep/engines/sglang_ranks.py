@@ -1,0 +1,114 @@
+"""SGLang's processes of one server config: one server over several nodes, and prefill/decode pools behind its
+router (servesweep.layout, docs/multinode.md).
+
+The flags, as SGLang's docs spell them:
+
+- several nodes: ``--nnodes N --node-rank r --dist-init-addr host:port`` on every node, ``--tp`` the total over all
+  nodes; rank 0 serves HTTP (docs.sglang.io, "Multi-node deployment"; sgl-project/sglang
+  docs/references/multi_node_deployment);
+- P/D: ``--disaggregation-mode prefill|decode``, ``--disaggregation-transfer-backend mooncake|nixl``, the prefill
+  server's ``--disaggregation-bootstrap-port`` (docs.sglang.io/docs/advanced_features/pd_disaggregation.md), behind
+  ``python -m sglang_router.launch_router --pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL --host H
+  --port P`` (the router's second positional value after --prefill is that bootstrap port).
+"""
+from __future__ import annotations
+
+from servesweep.layout import Placement, RankLaunch, rehost, role_config
+
+ROUTER_MODULE = "sglang_router.launch_router"
+
+
+def world(engine, options: dict) -> int:
+    return max(1, engine.world_size(options))
+
+
+def layout_problems(engine, sc) -> list[tuple[str, str, str]]:
+    """What SGLang cannot do of ``sc.layout``, with the key and the fix."""
+    key = f"server_configs.{sc.name}"
+    problems = []
+    servers = [(f"{key}.nodes", sc.options, sc.layout.nodes)] if not sc.layout.roles else [
+        (f"{key}.roles.{r.name}", {**sc.options, **r.options}, r.nodes) for r in sc.layout.roles if r.name != "router"]
+    for where, options, nodes in servers:
+        gpus = world(engine, options)
+        if nodes > 1 and gpus % nodes:
+            problems.append((where, f"tp × pp × … = {gpus} GPUs do not divide over {nodes} nodes",
+                             f"make the parallelism a multiple of {nodes} (--tp is the total over all nodes)"))
+        # A role's options meet the engine's own speculation checks only here (the config's are checked as ever).
+        if sc.layout.roles and int(options.get("pp", 1) or 1) > 1 and options.get("speculative_algorithm"):
+            problems.append((f"{where}.options.pp", f"speculative decoding ({options['speculative_algorithm']}) "
+                             "with pipeline parallelism: SGLang's draft workers run the target on one stage",
+                             "use tensor parallelism across the nodes (pp: 1) or drop the speculation"))
+    for role in sc.layout.roles:
+        if role.name != "router" and not role.transfer_backend:
+            problems.append((f"{key}.roles.{role.name}.transfer_backend", "P/D without a KV transfer backend: "
+                             "SGLang's default (mooncake) needs RDMA devices this config does not name",
+                             "set transfer_backend: mooncake or nixl on both prefill and decode"))
+    backends = {r.transfer_backend for r in sc.layout.roles if r.name != "router" and r.transfer_backend}
+    if len(backends) > 1:
+        problems.append((f"{key}.roles", f"prefill and decode name different transfer backends {sorted(backends)}",
+                         "give both the same transfer_backend"))
+    return problems
+
+
+def _server_ranks(engine, sc, model_path, prepared, placement: Placement, next_port, role: str, first_rank: int,
+                  first_node: int, nodes: int, extra: list[str]) -> list[RankLaunch]:
+    """The ranks of one SGLang server spanning ``nodes`` nodes from ``first_node``: rank 0 of it serves HTTP."""
+    port = next_port()
+    spec = engine.launch(sc, model_path, port, prepared)
+    gpus_per_node = world(engine, sc.options) // nodes if engine.world_size(sc.options) else 0
+    dist = ["--nnodes", str(nodes), "--dist-init-addr", f"{placement.host(first_node)}:{next_port()}"] if nodes > 1 \
+        else []
+    ranks = []
+    for i in range(nodes):
+        node = first_node + i
+        argv = rehost(spec.argv, placement.host(node)) + extra + (dist + ["--node-rank", str(i)] if dist else [])
+        ranks.append(RankLaunch(rank=first_rank + i, role=role, node=node, argv=argv, env=dict(spec.env),
+                                port=port if i == 0 else 0, host=placement.host(node), gpu_count=gpus_per_node,
+                                health_path=engine.health_path))
+    return ranks
+
+
+def rank_launches(engine, sc, model_path, prepared, placement: Placement, next_port) -> list[RankLaunch]:
+    """Every process of ``sc``: the nodes of one server (rank 0 the endpoint), or the prefill and decode servers
+    (each probed on its health endpoint before the router starts) and the router, the endpoint."""
+    layout = sc.layout
+    if not layout.roles:
+        ranks = _server_ranks(engine, sc, model_path, prepared, placement, next_port, "rank", 0, 0, layout.nodes, [])
+        ranks[0].endpoint = True
+        return ranks
+    ranks: list[RankLaunch] = []
+    prefill_urls: list[tuple[str, int]] = []
+    decode_urls: list[str] = []
+    node = 0
+    for role in (layout.role("prefill"), layout.role("decode")):
+        rsc = role_config(sc, role)
+        for _ in range(role.count):
+            extra = ["--disaggregation-mode", role.name, "--disaggregation-transfer-backend", role.transfer_backend]
+            bootstrap = None
+            if role.name == "prefill":
+                bootstrap = next_port()
+                extra += ["--disaggregation-bootstrap-port", str(bootstrap)]
+            server = _server_ranks(engine, rsc, model_path, prepared, placement, next_port, role.name, len(ranks),
+                                   node, role.nodes, extra)
+            server[0].probe = "health"
+            if role.gpus is not None:
+                for r in server:
+                    r.gpu_count = role.gpus // role.nodes
+            url = f"http://{server[0].host}:{server[0].port}"
+            if role.name == "prefill":
+                prefill_urls.append((url, bootstrap))
+            else:
+                decode_urls.append(url)
+            ranks += server
+            node += role.nodes
+    router = layout.role("router")
+    port = next_port()
+    argv = [prepared["python"], "-m", ROUTER_MODULE, "--pd-disaggregation"]
+    for url, bootstrap in prefill_urls:
+        argv += ["--prefill", url, str(bootstrap)]
+    for url in decode_urls:
+        argv += ["--decode", url]
+    argv += ["--host", "127.0.0.1", "--port", str(port), *router.extra_args]
+    ranks.append(RankLaunch(rank=len(ranks), role="router", node=0, argv=argv, env={**sc.env, **router.env},
+                            port=port, endpoint=True, health_path=engine.health_path))
+    return ranks
