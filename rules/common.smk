@@ -309,7 +309,7 @@ def report_chart_dir(folder, name, root="results/report", category="Charts", ste
         raise WorkflowError(f"report/captions/{name}.rst does not exist: add it")
     return report(
         directory(f"{root}/{folder}"),
-        patterns=[f"{stem or name}.{{fmt}}"],
+        patterns=[f"{stem or name}.{{fmt,(png|svg)}}"],  # not the chart's Vega-Lite spec beside them (.vl.json)
         caption=caption,
         category=category,
         labels={"chart": name.replace("_", " "), "format": "{fmt}"},

@@ -94,8 +94,8 @@ def runs_with_send_bursts(runs: list[Path], scratch: Path) -> list[Path]:
 
     from servesweep.stats import send_bursts
 
-    todo = [r for r in runs if (r / "repeats.csv").is_file() and "send_bursts" not in
-            pd.read_csv(r / "repeats.csv", nrows=0).columns
+    recorded = [r for r in runs if (r / "repeats.csv").is_file() and (r / "repeats.csv").stat().st_size]
+    todo = [r for r in recorded if "send_bursts" not in pd.read_csv(r / "repeats.csv", nrows=0).columns
             and ((r / "requests.jsonl").is_file() or (r / "requests.jsonl.gz").is_file())]
     if not todo:
         return runs

@@ -62,6 +62,11 @@ def _sbatch(cluster, tmp_path: Path, script: str, *options: str, wait: bool = Tr
     return job
 
 
+# Each wait's limit: steps start within seconds on a quiet host; the whole suite beside them on 2 cores once took
+# more than 30 s to start a job's tasks.
+WAIT_S = 120
+
+
 def _wait_until(predicate, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -136,14 +141,14 @@ def test_scancel_leaves_no_step_process_on_either_node(cluster, tmp_path):
     marker = f"scancel-marker-{os.getpid()}"
     job = _sbatch(cluster, tmp_path, f"srun --nodes 2 --ntasks-per-node 1 {sys.executable} {STANDIN} hold {marker}\n",
                   wait=False)
-    _wait_until(lambda: all(_with_marker(cluster, marker).values()), 30, "the step's task on both nodes")
+    _wait_until(lambda: all(_with_marker(cluster, marker).values()), WAIT_S, "the step's task on both nodes")
     steps = {n.name: [c for c in cluster.processes(n).values() if c.startswith(f"slurmstepd: [{job}.")]
              for n in cluster.nodes}
     assert all(steps.values()), steps
     subprocess.run(["scancel", job], check=True, env=cluster.env)
-    _wait_until(lambda: not any(_with_marker(cluster, marker).values()), 30, "the tasks to end")
+    _wait_until(lambda: not any(_with_marker(cluster, marker).values()), WAIT_S, "the tasks to end")
     _wait_until(lambda: not any(c.startswith(f"slurmstepd: [{job}.") for n in cluster.nodes
-                                for c in cluster.processes(n).values()), 30, "the step daemons to end")
+                                for c in cluster.processes(n).values()), WAIT_S, "the step daemons to end")
     # Only slurmd is left in each namespace.
     assert {n.name: sorted(c.split()[0] for c in cluster.processes(n).values()) for n in cluster.nodes} == \
         {"node1": ["slurmd"], "node2": ["slurmd"]}
@@ -173,7 +178,7 @@ def test_ranks_started_inside_a_job_serve_together_and_stop(cluster, tmp_path):
 def holder_job(cluster, tmp_path):
     """A running two-node job that only holds its nodes; yields the environment of a process inside it."""
     job = _sbatch(cluster, tmp_path, "sleep 300\n", wait=False)
-    _wait_until(lambda: _job_state(cluster, job) == "RUNNING", 30, f"job {job} to run")
+    _wait_until(lambda: _job_state(cluster, job) == "RUNNING", WAIT_S, f"job {job} to run")
     yield {**cluster.env, "SLURM_JOB_ID": job}
     subprocess.run(["scancel", job], env=cluster.env)
 
@@ -183,7 +188,7 @@ def test_stop_ends_ranks_and_a_killed_srun_ends_its_rank(cluster, holder_job, tm
     marker = f"stopped-{os.getpid()}"
     with RankSteps(allocation, tmp_path / "logs", name="held", env=holder_job) as ranks:
         killed, stopped = (ranks.start(r, [sys.executable, STANDIN, "hold", marker]) for r in (1, 0))
-        _wait_until(lambda: all(_with_marker(cluster, marker).values()), 30, "a rank on each node")
+        _wait_until(lambda: all(_with_marker(cluster, marker).values()), WAIT_S, "a rank on each node")
         _wait_until(lambda: len(ranks.step_ids()) == 2, 10, "both steps to be listed")
         # A launcher's srun killed outright (no signal forwarded): its rank does not stay behind.
         os.kill(killed.process.pid, signal.SIGKILL)
@@ -202,10 +207,10 @@ def test_no_rank_outlives_a_cancelled_job(cluster, holder_job, tmp_path):
     marker = f"cancelled-job-{os.getpid()}"
     ranks = RankSteps(allocation, tmp_path / "logs", name="orphan", env=holder_job)
     started = [ranks.start(r, [sys.executable, STANDIN, "hold", marker]) for r in (0, 1)]
-    _wait_until(lambda: all(_with_marker(cluster, marker).values()), 30, "both ranks running")
+    _wait_until(lambda: all(_with_marker(cluster, marker).values()), WAIT_S, "both ranks running")
     subprocess.run(["scancel", allocation.job_id], check=True, env=cluster.env)
-    _wait_until(lambda: not any(_with_marker(cluster, marker).values()), 30, "the ranks to end with the job")
-    _wait_until(lambda: all(not s.running() for s in started), 30, "the sruns to exit")
+    _wait_until(lambda: not any(_with_marker(cluster, marker).values()), WAIT_S, "the ranks to end with the job")
+    _wait_until(lambda: all(not s.running() for s in started), WAIT_S, "the sruns to exit")
     ranks.stop()  # nothing left to stop: returns at once
 
 
@@ -223,12 +228,12 @@ def test_no_rank_outlives_a_launcher_killed_inside_its_job(cluster, tmp_path):
         "",
     ]))
     job = _sbatch(cluster, tmp_path, f"exec {sys.executable} {launcher}\n", wait=False)
-    _wait_until(lambda: all(_with_marker(cluster, marker).values()), 30, "a rank on each node")
+    _wait_until(lambda: all(_with_marker(cluster, marker).values()), WAIT_S, "a rank on each node")
     pid = next(p for p, c in cluster.processes(cluster.node("node1")).items() if str(launcher) in c)
     os.kill(pid, signal.SIGKILL)
-    _wait_until(lambda: not any(_with_marker(cluster, marker).values()), 30, "the ranks to end with the job")
+    _wait_until(lambda: not any(_with_marker(cluster, marker).values()), WAIT_S, "the ranks to end with the job")
     _wait_until(lambda: not any("srun" in c and marker in c for n in cluster.nodes
-                                for c in cluster.processes(n).values()), 30, "the ranks' sruns to exit")
+                                for c in cluster.processes(n).values()), WAIT_S, "the ranks' sruns to exit")
     assert _wait_until(lambda: _job_state(cluster, job) not in ("RUNNING", "COMPLETING") and _job_state(cluster, job),
                        30, f"job {job} to end") == "FAILED"
 
@@ -261,7 +266,7 @@ def test_a_failing_body_still_tears_the_cluster_down(cluster, tmp_path):
             assert other.bridge != cluster.bridge and other.controller_address != cluster.controller_address
             job = _sbatch(other, tmp_path, f"srun --nodes 2 --ntasks-per-node 1 {sys.executable} {STANDIN} hold "
                                            f"{marker}\n", wait=False)
-            _wait_until(lambda: all(_with_marker(other, marker).values()), 30, f"job {job}'s tasks on both nodes")
+            _wait_until(lambda: all(_with_marker(other, marker).values()), WAIT_S, f"job {job}'s tasks on both nodes")
             raise KeyError("the body failed")
     assert other.leftovers() == []
     assert _host_processes_with(marker) == []
