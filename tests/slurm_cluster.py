@@ -40,6 +40,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,6 +151,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
+SPOOL_PREFIX = "ss-spool-"  # the slurmd spool folders, named by their owner's pid (reap_stale)
+
+
 def reap_stale() -> list[str]:
     """Remove what clusters whose process died without a teardown left: their daemons, namespaces and bridges.
 
@@ -177,6 +181,11 @@ def reap_stale() -> list[str]:
         if alias.startswith(OWNER_ALIAS) and not _alive(int(alias[len(OWNER_ALIAS):])):
             subprocess.run(["ip", "link", "del", link["ifname"]], capture_output=True)
             removed.append(f"bridge {link['ifname']}")
+    for spool in Path(tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*"):
+        match = re.fullmatch(rf"{SPOOL_PREFIX}(\d+)-.*", spool.name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(spool, ignore_errors=True)
+            removed.append(f"spool {spool}")
     return removed
 
 
@@ -207,7 +216,8 @@ def _hardware() -> str:
     return line.split(None, 1)[1]
 
 
-def _slurm_conf(base: Path, controller: str, controller_address: str, nodes: list[Node], munge_socket: Path) -> str:
+def _slurm_conf(base: Path, spool: Path, controller: str, controller_address: str, nodes: list[Node],
+                munge_socket: Path) -> str:
     hardware = _hardware()
     return "\n".join([
         "ClusterName=servesweep-net",
@@ -221,7 +231,7 @@ def _slurm_conf(base: Path, controller: str, controller_address: str, nodes: lis
         "CredType=cred/munge",
         f"AuthInfo=socket={munge_socket}",
         f"StateSaveLocation={base / 'state'}",
-        f"SlurmdSpoolDir={base / 'spool' / '%n'}",
+        f"SlurmdSpoolDir={spool / '%n'}",
         f"SlurmctldPidFile={base / 'slurmctld.pid'}",
         f"SlurmdPidFile={base / 'slurmd-%n.pid'}",
         f"SlurmctldLogFile={base / 'slurmctld.log'}",
@@ -340,8 +350,14 @@ def slurm_cluster(base: Path, nodes: int = 2, publish_client_conf: bool = False,
     subnet = _free_subnet()
     hosts = list(subnet.hosts())
     members = [Node(f"node{i}", f"ss{os.getpid()}-{serial}-node{i}", str(hosts[i])) for i in range(1, nodes + 1)]
-    for sub in ("state", "munge", "etc", *(f"spool/{n.name}" for n in members)):
+    for sub in ("state", "munge", "etc"):
         (base / sub).mkdir(parents=True, exist_ok=True)
+    # slurmstepd's socket lies in the spool folder and a socket's path is at most 108 bytes: under pytest-xdist's
+    # deeper temporary folders the spool beneath ``base`` made it 112 ("Unix socket name exceeded maximum length",
+    # seen in a full-suite run), so the spool gets a short folder of its own
+    spool = Path(tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-"))
+    for node in members:
+        (spool / node.name).mkdir()
     (base / "munge").chmod(0o755)
     munge_socket = base / "munge" / "munge.socket"
     key = base / "munge" / "munge.key"
@@ -349,7 +365,7 @@ def slurm_cluster(base: Path, nodes: int = 2, publish_client_conf: bool = False,
     key.chmod(0o400)
     conf = base / "etc" / "slurm.conf"
     controller = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
-    conf.write_text(_slurm_conf(base, controller, str(hosts[0]), members, munge_socket))
+    conf.write_text(_slurm_conf(base, spool, controller, str(hosts[0]), members, munge_socket))
     cluster = Cluster(base=base, conf=conf, env={**os.environ, "SLURM_CONF": str(conf), OWNER_ENV: str(os.getpid())},
                       nodes=members,
                       bridge=f"ssb{token}", controller_address=str(hosts[0]))
@@ -397,4 +413,7 @@ def slurm_cluster(base: Path, nodes: int = 2, publish_client_conf: bool = False,
         _wait_for_idle(cluster, ready_timeout_s)
         yield cluster
     finally:
-        _teardown(cluster, created)
+        try:
+            _teardown(cluster, created)
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
