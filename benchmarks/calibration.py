@@ -3,6 +3,7 @@
     python3 benchmarks/calibration.py [--smoke] [--sweeps N] [--seed S]     # unit level: simulated sweeps
     python3 benchmarks/calibration.py server [--blocks 4] [--ratio 1.2]    # two known-truth servers, real load
     python3 benchmarks/calibration.py pipeline --dir D                     # the real pipeline on known-truth servers
+    python3 benchmarks/calibration.py realistic [--sweeps N] [--seed S]    # the recorded sweeps' conditions
 
 **Unit level** (no servers). A sweep is K configs × M cells measured in B blocks of one launch per config (order
 from :func:`servesweep.decide.block_order`), R rounds per launch. The log of a round's throughput is
@@ -76,6 +77,7 @@ class Noise:
     tails: str = "normal"       # or "t3"
     first_launch: float = 0.0   # ln shift of the sweep's first launch, whichever config it is (a colder host)
     position: float = 0.0       # ln shift of every block's first launch (a position effect)
+    baseline_first: float = 0.0  # ln shift of the baseline's own first launch of the sweep (config 0's earliest)
     config_scale: tuple = ()    # per config, a factor on its own (launch, cell, round) noise: a noisier config
 
 
@@ -153,11 +155,20 @@ def simulate(true_log_ratio: np.ndarray, design: Design, noise: Noise, sweeps: i
          + drift[..., None, None]
          + noise.first_launch * (times == 0)[..., None, None]
          + noise.position * (times % k == 0)[..., None, None]
+         + noise.baseline_first * _first_of_baseline(times)[..., None, None]
          + block
          + scale * (_draw(rng, (s, k, b, 1, 1), sd_launch, noise.tails)
                     + _draw(rng, (s, k, b, m, 1), sd_cell, noise.tails)
                     + _draw(rng, (s, k, b, m, r), sd_round, noise.tails)))
     return x
+
+
+def _first_of_baseline(times: np.ndarray) -> np.ndarray:
+    """(sweeps, K, B) 1 at config 0's earliest launch of each sweep, else 0."""
+    out = np.zeros(times.shape)
+    first = np.argmin(times[:, 0, :], axis=1)
+    out[np.arange(times.shape[0]), 0, first] = 1.0
+    return out
 
 
 def estimates(x: np.ndarray, design: Design) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -703,6 +714,12 @@ def main(argv=None) -> int:
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--launch-cv", type=float, default=0.03)
     p.add_argument("--seed", type=int, default=1)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "realistic":   # its own options: benchmarks/calibration_realistic.py
+        import calibration_realistic
+        return calibration_realistic.main(argv[1:])
+    sub.add_parser("realistic", help="the scenarios the recorded sweeps resemble (calibration_realistic.py)")
     args = ap.parse_args(argv)
     if args.cmd == "server":
         return server_main(args)
