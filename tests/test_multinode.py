@@ -527,3 +527,24 @@ def test_the_bench_job_asks_engine_servers_what_a_router_cannot_answer():
     asked.clear()
     # one pool server that did not flush makes the cell's flush false (its prefix cache may still hold prompts)
     assert asyncio.run(flush_pools(Engine(), None, behind)) is False and asked == behind.pool_urls
+
+
+def test_colocated_servers_start_one_after_another(tmp_path, standin):
+    """SGLang sizes its KV pool from the memory free when it starts: a colocated decode server starts only once
+    the prefill server answers. Here the prefill server never does, so the decode server is never started."""
+    sc = _sc("sglang", {"colocate_roles": True, "ready_timeout_s": 3, "options": {"mem_fraction_static": 0.35},
+                        "roles": {"prefill": {"transfer_backend": "nixl", "gpus": 0},
+                                  "decode": {"transfer_backend": "nixl", "gpus": 0}, "router": {}}},
+             settings={"version": "0.5.17"})
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\ncase "$*" in *"--disaggregation-mode prefill"*) exec sleep 600;; esac\n'
+                      f'exec "{standin}" "$@"\n')
+    python.chmod(0o755)
+    group, _ = claim_ranks(tmp_path / "servers", [], get_engine("sglang"), sc, Path("/m"), {"python": str(python)},
+                           tmp_path / "attempt", "pd")
+    with pytest.raises(ServerStartError, match=r"rank0-prefill did not answer on 127.0.0.1:\d+ \(health\) within 3 s"):
+        with group:
+            pass
+    decode = next(r for r in group.ranks if r.role == "decode")
+    assert group.processes[decode.rank].proc is None and group.endpoint.proc is None
+    assert all(_gone(pid) for pid in group.pids().values() if pid)

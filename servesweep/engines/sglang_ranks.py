@@ -14,16 +14,18 @@ The flags, as SGLang's docs spell them:
   given a free port of its own, so that two launches, or a neighbour, never collide on it.
 
 ``colocate_roles``: every prefill and decode server on the same GPUs of this host (a one-card rehearsal), each with
-its own ports; SGLang sizes its KV pool from ``mem_fraction_static`` of the whole card, so the servers' fractions must
-add up to what the card can hold beside their activations.
+its own ports, started one after another (servesweep.lifecycle.ranks). SGLang 0.5.17 holds ``mem_fraction_static`` of
+the memory free when it starts (weights and KV pool), so the second server holds its fraction of what the first
+left; fractions that add up to at most 0.9 keep the two within 0.9 of the card whatever the order.
 """
 from __future__ import annotations
 
 from servesweep.layout import Placement, RankLaunch, rehost, role_config
 
 ROUTER_MODULE = "sglang_router.launch_router"
-# The most the colocated servers' mem_fraction_static may add up to: SGLang's own default for one server on an
-# 80 GB card is 0.88-0.9 of it (server_args), the rest left to activations and CUDA graphs.
+# The most the colocated servers' mem_fraction_static may add up to: the share of the card left to their
+# activations and CUDA graphs is then at least what one server with SGLang's default fraction on an 80 GB card
+# (about 0.9) leaves.
 COLOCATED_MEM_FRACTION_MAX = 0.9
 
 
@@ -62,8 +64,8 @@ def layout_problems(engine, sc) -> list[tuple[str, str, str]]:
 
 
 def _colocated_memory_problems(sc, key: str) -> list[tuple[str, str, str]]:
-    """Colocated servers each claim ``mem_fraction_static`` of the same card: each must set it (SGLang's default
-    assumes the card is its own) and together they must leave room for activations."""
+    """Colocated servers each claim ``mem_fraction_static`` of the same card's free memory: each must set it
+    (SGLang's default assumes the card is its own) and together they must leave room for activations."""
     fractions = []
     for role in sc.layout.roles:
         if role.name == "router":

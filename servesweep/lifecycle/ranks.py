@@ -184,13 +184,20 @@ class RankGroup:
 
     # --- start, watch, stop ----------------------------------------------------------------------------------
     def start(self) -> "RankGroup":
-        """Start every rank but the endpoint, wait until the probed ones answer, then start the endpoint and the
-        watcher. Raises :class:`ServerStartError` naming the rank that died or did not answer."""
+        """Start every rank but the endpoint (colocated servers one after another), wait until the probed ones
+        answer, then start the endpoint and the watcher. Raises :class:`ServerStartError` naming the rank that died or did not answer."""
         self.started_at = time.time()
+        deadline = time.monotonic() + self.ready_timeout_s
+        # Colocated servers start one after another, each once the one before answers: SGLang 0.5.17 sizes its KV
+        # pool from the GPU memory free when it starts (kv_cache_configurator._profile_available_bytes: free now
+        # less mem_fraction_static's slack of the memory free at start), so two starting at once would each count
+        # the other's pool as free, or fail with no memory left for the KV cache.
+        one_by_one = bool(self.layout is not None and self.layout.colocated)
         for r in self.ranks:
             if not r.endpoint:
                 self.processes[r.rank].start()
-        deadline = time.monotonic() + self.ready_timeout_s
+                if one_by_one and r.probe:
+                    self._wait_probe(r, deadline)
         for r in self.ranks:
             if r.probe and not r.endpoint:
                 self._wait_probe(r, deadline)
