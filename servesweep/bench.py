@@ -32,7 +32,7 @@ from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, fa
                                        remeasure_command)
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
                                   tail_lines, wait_until_ready)
-from servesweep.lifecycle.ranks import claim_ranks, local_world, placement_for
+from servesweep.lifecycle.ranks import claim_ranks, flush_pools, local_world, placement_for, server_url
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
 from servesweep.metrics_series import MetricsSampler, SeriesSettings
 from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
@@ -75,7 +75,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     Returns (request records, the repeat's measured columns)."""
     base = server.base_url
     window: dict = {}
-    sampler = (MetricsSampler(session, base, engine.metrics_path, engine.state_metrics, series.interval_s)
+    sampler = (MetricsSampler(session, server_url(server), engine.metrics_path, engine.state_metrics, series.interval_s)
                if series is not None and series.on_for(engine, sc.engine_settings) else None)
 
     async def opened() -> None:
@@ -83,7 +83,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         window["log_from"] = server.log_path.stat().st_size
         window["cpu_from"] = cpu_snapshot(server.process_ids())
         telemetry.cell_begin(cell_id)
-        window["metrics_before"] = await promtext.scrape(session, base, engine.metrics_path)
+        window["metrics_before"] = await promtext.scrape(session, server_url(server), engine.metrics_path)
         if sampler is not None:
             sampler.begin()
 
@@ -93,7 +93,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         window["log_to"] = server.log_path.stat().st_size
         window["cpu_to"] = cpu_snapshot(server.process_ids())
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
-        window["metrics_after"] = await promtext.scrape(session, base, engine.metrics_path)
+        window["metrics_after"] = await promtext.scrape(session, server_url(server), engine.metrics_path)
 
     records, client = await run_load(spec, opened, closed)
     t0, t1 = client["window_start"], client["window_end"]
@@ -160,7 +160,7 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     plan = WindowPlan(warmup_s=matrix.warmup_s, warmup_requests=warm, measure_s=matrix.measure_s,
                       measure_requests=matrix.requests_for(conc) if closed else matrix.min_requests,
                       max_s=matrix.max_window_s)
-    flushed = await engine.flush_cache(session, base) if matrix.flushes_cache(key.workload) else None
+    flushed = await flush_pools(engine, session, server) if matrix.flushes_cache(key.workload) else None
     endpoint = workload.endpoint(matrix)
     fields = {**(engine.chat_fields(sc) if endpoint == "chat" else engine.load_fields(sc)),
               **engine.cache_fields(sc, workload.reuses_prefixes)}
@@ -239,14 +239,13 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
     after everything else the launch measures, so that no measured cell follows a profiler's run, and a server that
     a profile window brings down has lost nothing measured.
     """
-    base = server.base_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-        sources, described = await _prompt_sources(session, base, engine, matrix)
+        sources, described = await _prompt_sources(session, server_url(server), engine, matrix)
         try:
-            capacity = await engine.kv_capacity(session, base)
+            capacity = await engine.kv_capacity(session, server_url(server))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             capacity = {}
-        await writer.keep_metrics(session, base, engine.metrics_path, "metrics-start.prom")
+        await writer.keep_metrics(session, server_url(server), engine.metrics_path, "metrics-start.prom")
         cells = ([(w, ctx, "concurrency", c) for w, ctx, c in matrix.cells()]
                  + [(w, ctx, "rate", r) for w, ctx, r in matrix.rate_cells()])
         progress = CellProgress(sc.name, block.index, len(cells) * matrix.repeats, matrix.repeats)
@@ -293,7 +292,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                     if profile_queue is not None:
                         profile_queue.append((name, replace(row.spec, prompt_source=fresh)))
                 progress.done(key, row.columns.get("agg_output_tok_s", math.nan), row.columns["errors"])
-        await writer.keep_metrics(session, base, engine.metrics_path, "metrics-end.prom")
+        await writer.keep_metrics(session, server_url(server), engine.metrics_path, "metrics-end.prom")
     return described
 
 
@@ -340,7 +339,7 @@ async def run_capacity(server: ServerProcess, engine, sc: ServerConfig, matrix: 
                            min_requests=settings.min_requests, repeats=1)
     results, tag = [], 10_000  # prompt tags of their own: probes share no prefix with the matrix's cells
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-        sources, _ = await _prompt_sources(session, server.base_url, engine, probe_matrix)
+        sources, _ = await _prompt_sources(session, server_url(server), engine, probe_matrix)
         # The workload's own key for its prompt set: a real-text workload makes one, keyed ctx = 0, whatever the
         # context length asked.
         lengths = get_workload(settings.workload).prompt_lengths(probe_matrix)

@@ -73,6 +73,9 @@ DEFAULTS = {
 # Deployment-size targets for one 80 GB GPU (bf16 random weights, room left for the KV cache and CUDA graphs): the
 # memory-bound regime users serve, where a decode step streams every weight once (docs/speculation.md).
 PRESETS = {
+    # The default Llama layout at about 1 B (1.03 B parameters, 2.1 GB in bf16, 40 KiB of KV cache per token): small
+    # enough that two servers share one card (config/gpu-sglang-pd-1gpu.yaml).
+    "dense-1b": ("llama-dense", {"vocab": 32000, "max_position": 8192}),
     # Llama layout at about 13 B: 12.91 B parameters, 25.8 GB in bf16, 160 KiB of KV cache per token (8 KV heads).
     "dense-13b": ("llama-dense", {"hidden": 5120, "layers": 40, "heads": 40, "kv_heads": 8, "intermediate": 16384,
                                   "vocab": 32000, "max_position": 32768}),

@@ -38,6 +38,7 @@ class Layout:
 
     nodes: int = 1
     roles: tuple[Role, ...] = ()
+    colocated: bool = False  # every pool server on the same GPUs of one host (colocate_roles)
 
     @classmethod
     def from_entry(cls, entry: dict) -> "Layout":
@@ -47,7 +48,8 @@ class Layout:
                            extra_args=tuple(str(a) for a in r["extra_args"]),
                            transfer_backend=r.get("transfer_backend"), command=tuple(r.get("command") or ()))
                       for name, r in (entry.get("roles") or {}).items())
-        return cls(nodes=int(entry["nodes"]), roles=tuple(sorted(roles, key=lambda r: ROLE_NAMES.index(r.name))))
+        return cls(nodes=int(entry["nodes"]), roles=tuple(sorted(roles, key=lambda r: ROLE_NAMES.index(r.name))),
+                   colocated=bool(entry.get("colocate_roles")))
 
     @property
     def single(self) -> bool:
@@ -62,6 +64,8 @@ class Layout:
         """Nodes the whole layout spans: ``nodes``, or the roles' servers' nodes (a router shares the first)."""
         if not self.roles:
             return self.nodes
+        if self.colocated:
+            return 1
         return max(1, sum(r.count * r.nodes for r in self.roles if r.name != "router"))
 
     def describe(self, gpus_per_node: int | None = None) -> str:
@@ -72,7 +76,8 @@ class Layout:
             return f"{self.nodes} node{'s' if self.nodes > 1 else ''}{per}"
         parts = [f"{r.count} {r.name} × {r.nodes} node{'s' if r.nodes > 1 else ''}" for r in self.roles
                  if r.name != "router"]
-        return "P/D: " + ", ".join(parts) + (", router" if self.role("router") else "")
+        return ("P/D: " + ", ".join(parts) + (", router" if self.role("router") else "")
+                + (", on shared GPUs" if self.colocated else ""))
 
 
 @dataclass
@@ -158,7 +163,8 @@ def layout_problems(name: str, layout: Layout) -> list[tuple[str, str, str]]:
     router in front, a router of several servers or nodes, ``nodes`` beside ``roles``."""
     key = f"server_configs.{name}"
     if not layout.roles:
-        return []
+        return [(f"{key}.colocate_roles", "colocate_roles places the roles' servers; this config has none",
+                 "remove colocate_roles or add roles")] if layout.colocated else []
     problems = []
     missing = [r for r in ROLE_NAMES if layout.role(r) is None]
     if missing:
@@ -168,6 +174,9 @@ def layout_problems(name: str, layout: Layout) -> list[tuple[str, str, str]]:
     if router is not None and (router.count != 1 or router.nodes != 1):
         problems.append((f"{key}.roles.router", "the router is one process on one node (the endpoint)",
                          "set roles.router.count and nodes to 1"))
+    if layout.colocated and any(r.nodes != 1 for r in layout.roles):
+        problems.append((f"{key}.colocate_roles", "colocated servers share one host's GPUs: a server of several "
+                         "nodes cannot", "set every roles.<role>.nodes to 1 or remove colocate_roles"))
     if layout.nodes != 1:
         problems.append((f"{key}.nodes", "nodes spreads one server; a disaggregated config spreads each role",
                          "remove nodes and set roles.<role>.nodes"))
@@ -201,12 +210,15 @@ def port_source(taken=()):
     return next_port
 
 
-def assign_gpus(ranks: list[RankLaunch], gpus: list[int], placement: Placement) -> None:
+def assign_gpus(ranks: list[RankLaunch], gpus: list[int], placement: Placement, shared: bool = False) -> None:
     """Give each rank its ``gpu_count`` GPUs and pin them in its environment: in a rehearsal every node is this
     host, so the ranks take turns from the front of the job's leased ``gpus``; under SLURM node 0's ranks do, and
-    another node's ranks count from its GPU 0 (the allocation holds the whole node)."""
+    another node's ranks count from its GPU 0 (the allocation holds the whole node). ``shared`` (colocate_roles):
+    every rank takes its GPUs from the front of the lease, the same cards."""
     taken: dict[int, int] = {}
     for launch in ranks:
+        if shared:
+            taken.clear()
         if not launch.gpu_count:
             continue
         node = launch.node if placement.slurm else 0
@@ -232,9 +244,11 @@ def rehost(argv: list[str], host: str) -> list[str]:
     return out
 
 
-def local_gpu_count(ranks: list[RankLaunch], placement: Placement) -> int:
-    """GPUs the job must lease on its own host: every rank's in a rehearsal, node 0's under SLURM."""
-    return sum(r.gpu_count for r in ranks if not placement.slurm or r.node == 0)
+def local_gpu_count(ranks: list[RankLaunch], placement: Placement, shared: bool = False) -> int:
+    """GPUs the job must lease on its own host: every rank's in a rehearsal, node 0's under SLURM; with ``shared``
+    (colocate_roles) the most any one rank holds."""
+    counts = [r.gpu_count for r in ranks if not placement.slurm or r.node == 0]
+    return max(counts, default=0) if shared else sum(counts)
 
 
 
@@ -244,5 +258,8 @@ def total_gpus(layout: Layout, options: dict, world_of) -> int:
     server spread over nodes is its total), or per role ``count`` × its ``gpus`` (else its options' world size)."""
     if not layout.roles:
         return world_of(options)
+    if layout.colocated:
+        return max(r.gpus if r.gpus is not None else world_of({**options, **r.options})
+                   for r in layout.roles if r.name != "router")
     return sum(r.count * (r.gpus if r.gpus is not None else world_of({**options, **r.options}))
                for r in layout.roles if r.name != "router")

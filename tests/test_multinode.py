@@ -12,9 +12,9 @@ import pytest
 
 from servesweep.config import ConfigError, ServerConfig, check_config
 from servesweep.engines import get_engine
-from servesweep.layout import Layout, Placement, PlacementError, RankLaunch, assign_gpus
+from servesweep.layout import Layout, Placement, PlacementError, RankLaunch, assign_gpus, local_gpu_count, total_gpus
 from servesweep.lifecycle.process import ServerStartError
-from servesweep.lifecycle.ranks import RankGroup, claim_ranks, placement_for, rank_argv
+from servesweep.lifecycle.ranks import RankGroup, claim_ranks, local_world, placement_for, rank_argv
 from servesweep.lifecycle.slurm_ranks import Allocation, AllocationError
 
 from conftest import ROOT
@@ -92,8 +92,68 @@ def test_sglang_pd_servers_sit_behind_its_router():
     assert router.argv == ["/py", "-m", "sglang_router.launch_router", "--pd-disaggregation",
                            "--prefill", f"http://127.0.0.1:{prefill.port}", bootstrap,
                            "--decode", f"http://127.0.0.1:{decode.port}",
-                           "--host", "127.0.0.1", "--port", str(router.port), "--policy", "round_robin"]
-    assert len({prefill.port, decode.port, router.port, int(bootstrap)}) == 4
+                           "--host", "127.0.0.1", "--port", str(router.port),
+                           "--prometheus-host", "127.0.0.1", "--prometheus-port", _after(router.argv, "--prometheus-port"),
+                           "--policy", "round_robin"]
+    assert len({prefill.port, decode.port, router.port, int(bootstrap),
+                int(_after(router.argv, "--prometheus-port"))}) == 5
+    assert (prefill.node, decode.node) == (0, 1)
+
+
+ROUTER_HELP = ROOT / "tests" / "data" / "sglang-router-0.3.2-help.txt"
+
+
+def _router_help_flags():
+    """The flags sglang-router 0.3.2's ``launch_router --help`` lists (its argparse, captured from the wheel)."""
+    import re
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", ROUTER_HELP.read_text()))
+
+
+def test_the_router_command_line_uses_only_flags_of_sglang_router_0_3_2():
+    sc = _sc("sglang", {"options": {}, "roles": {"prefill": {"transfer_backend": "nixl", "count": 2},
+                                                 "decode": {"transfer_backend": "nixl"}, "router": {}}},
+             settings={"version": "0.5.17"})
+    router = get_engine("sglang").rank_launches(sc, Path("/m"), {"python": "/py"}, Placement.local(3), _ports())[-1]
+    used = [a for a in router.argv[3:] if a.startswith("--")]
+    assert set(used) <= _router_help_flags(), set(used) - _router_help_flags()
+    # --prefill takes the URL and the bootstrap port as two values, once per prefill server
+    assert "--prefill PREFILL [PREFILL ...]" in ROUTER_HELP.read_text()
+    assert used.count("--prefill") == 2 and "--prometheus-port" in used  # its exporter's default 29000 is fixed
+
+
+def _colocated(**prefill_options):
+    return _sc("sglang", {"colocate_roles": True, "options": {"mem_fraction_static": 0.35}, "roles": {
+        "prefill": {"transfer_backend": "nixl", "options": prefill_options}, "decode": {"transfer_backend": "nixl"},
+        "router": {}}}, settings={"version": "0.5.17"})
+
+
+def test_colocated_pd_servers_share_one_gpu_of_one_host_with_ports_of_their_own():
+    sc = _colocated()
+    engine = get_engine("sglang")
+    assert engine.config_problems(sc) == [] and sc.layout.total_nodes == 1
+    assert sc.layout.describe() == "P/D: 1 prefill × 1 node, 1 decode × 1 node, router, on shared GPUs"
+    placement = placement_for(sc, env={})
+    ranks = engine.rank_launches(sc, Path("/m"), {"python": "/py"}, placement, _ports())
+    prefill, decode, router = ranks
+    assert (prefill.node, decode.node, router.node) == (0, 0, 0)
+    assert local_gpu_count(ranks, placement, shared=True) == 1 and local_gpu_count(ranks, placement) == 2
+    assign_gpus(ranks, [3], placement, shared=True)
+    assert prefill.env["CUDA_VISIBLE_DEVICES"] == decode.env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "CUDA_VISIBLE_DEVICES" not in router.env
+    assert len({prefill.port, decode.port, router.port}) == 3
+    assert total_gpus(sc.layout, sc.options, engine.world_size) == 1
+    assert local_world(engine, sc, Path("/m"), {"python": "/py"}, placement) == 1
+    with pytest.raises(PlacementError):  # not colocated, the same two servers need two cards
+        assign_gpus(ranks, [3], placement)
+
+
+def test_the_shipped_one_gpu_pd_config_plans_colocated_on_one_card():
+    import yaml
+    cfg = yaml.safe_load((ROOT / "config" / "gpu-sglang-pd-1gpu.yaml").read_text())
+    check_config(cfg)
+    sc = ServerConfig.from_config("pd", cfg)
+    assert sc.layout.colocated and {r.transfer_backend for r in sc.layout.roles if r.name != "router"} == {"nixl"}
+    assert local_world(get_engine("sglang"), sc, Path("/m"), {"python": "/py"}, Placement.local(1)) == 1
 
 
 def test_vllm_nodes_and_pd_command_lines():
@@ -172,6 +232,22 @@ def _full(engine, entry, model, settings):
                         "router": {}}}, HF, {}, "server_configs.c.roles.router.command", "toy_proxy_server.py"),
     ("vllm", {"roles": {"prefill": {"transfer_backend": "NixlConnector"}, "decode": {}, "router": {"command": ["p"]}}},
      HF, {}, "server_configs.c.roles.decode.transfer_backend", "NixlConnector"),
+    ("sglang", {"colocate_roles": True, "options": {"mem_fraction_static": 0.5},
+                "roles": {"prefill": {"transfer_backend": "nixl"}, "decode": {"transfer_backend": "nixl"}, "router": {}}},
+     HF, {}, "server_configs.c.roles", "at most 0.9"),
+    ("sglang", {"colocate_roles": True, "roles": {"prefill": {"transfer_backend": "nixl",
+                                                              "options": {"mem_fraction_static": 0.4}},
+                                                  "decode": {"transfer_backend": "nixl"}, "router": {}}},
+     HF, {}, "server_configs.c.roles.decode.options.mem_fraction_static", "set mem_fraction_static"),
+    ("sglang", {"colocate_roles": True}, HF, {}, "server_configs.c.colocate_roles", "add roles"),
+    ("sglang", {"colocate_roles": True, "options": {"mem_fraction_static": 0.3},
+                "roles": {"prefill": {"transfer_backend": "nixl", "nodes": 2, "options": {"tp": 2}},
+                          "decode": {"transfer_backend": "nixl"}, "router": {}}},
+     HF, {}, "server_configs.c.colocate_roles", "nodes to 1"),
+    ("vllm", {"colocate_roles": True, "roles": {"prefill": {"transfer_backend": "NixlConnector"},
+                                                "decode": {"transfer_backend": "NixlConnector"},
+                                                "router": {"command": ["p"]}}},
+     HF, {}, "server_configs.c.colocate_roles", "GPUs of its own"),
 ])
 def test_planning_refuses_what_the_engine_cannot_do_with_the_key_and_the_fix(engine, entry, model, settings, key,
                                                                               words):
@@ -300,15 +376,18 @@ def test_two_node_ranks_serve_once_joined_and_a_rank_dying_mid_run_stops_every_r
     assert group.facts()["ranks"][2]["log"] == "ranks/rank2-rank.log"
 
 
-@pytest.mark.parametrize("engine, settings, prepared_key, backend, router", [
-    ("sglang", {"version": "0.5.17"}, "python", "nixl", {}),
-    ("vllm", {}, "executable", "NixlConnector", None),
+@pytest.mark.parametrize("engine, settings, prepared_key, backend, router, colocate", [
+    ("sglang", {"version": "0.5.17"}, "python", "nixl", {}, False),
+    ("sglang", {"version": "0.5.17"}, "python", "nixl", {}, True),
+    ("vllm", {}, "executable", "NixlConnector", None, False),
 ])
 def test_pd_pools_answer_before_the_router_starts_and_it_serves_through_them(tmp_path, standin, engine, settings,
-                                                                            prepared_key, backend, router):
+                                                                            prepared_key, backend, router, colocate):
     router = router if router is not None else {"command": [str(standin), "proxy"]}
-    sc = _sc(engine, {"options": {}, "roles": {"prefill": {"transfer_backend": backend, "gpus": 0},
-                                               "decode": {"transfer_backend": backend, "gpus": 0}, "router": router}},
+    options = {"mem_fraction_static": 0.35} if colocate else {}
+    sc = _sc(engine, {"options": options, "colocate_roles": colocate,
+                      "roles": {"prefill": {"transfer_backend": backend, "gpus": 0},
+                                "decode": {"transfer_backend": backend, "gpus": 0}, "router": router}},
              settings=settings)
     group, _ = claim_ranks(tmp_path / "servers", [], get_engine(engine), sc, Path("/m"),
                            {prepared_key: str(standin)}, tmp_path / "attempt", "pd")
@@ -323,6 +402,12 @@ def test_pd_pools_answer_before_the_router_starts_and_it_serves_through_them(tmp
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert json.loads(resp.read())["choices"][0]["text"] == " x"
         assert group.identity_url != group.base_url  # identity is asked of a decode server, not the router
+        decode, prefill = (next(r for r in group.ranks if r.role == role) for role in ("decode", "prefill"))
+        # what only an engine answers (/tokenize, /server_info, /metrics) is asked of the decode server; a cache
+        # flush goes to every pool server
+        assert group.server_url == f"http://{decode.host}:{decode.port}" == group.identity_url
+        assert sorted(group.pool_urls) == sorted(f"http://{r.host}:{r.port}" for r in (prefill, decode))
+        assert _get(group.server_url + "/health") == 200
         pids = group.pids()
     assert all(_gone(pid) for pid in pids.values())
     logs = sorted(p.name for p in (tmp_path / "attempt" / "ranks").iterdir())
@@ -419,3 +504,47 @@ def test_no_rank_outlives_a_job_killed_with_sigkill(tmp_path, standin):
 
     said = preflight(tmp_path / "servers", None)
     assert len(said) == 3 and all("already gone" in line for line in said)
+
+
+def test_the_bench_job_asks_engine_servers_what_a_router_cannot_answer():
+    import asyncio
+    from types import SimpleNamespace
+
+    from servesweep.lifecycle.ranks import flush_pools, server_url
+
+    one = SimpleNamespace(base_url="http://127.0.0.1:1")
+    behind = SimpleNamespace(base_url="http://127.0.0.1:9", server_url="http://127.0.0.1:3",
+                             pool_urls=["http://127.0.0.1:2", "http://127.0.0.1:3"])
+    assert server_url(one) == one.base_url and server_url(behind) == "http://127.0.0.1:3"
+    asked = []
+
+    class Engine:
+        async def flush_cache(self, session, base_url):
+            asked.append(base_url)
+            return base_url.endswith(":2")
+
+    assert asyncio.run(flush_pools(Engine(), None, one)) is False and asked == [one.base_url]
+    asked.clear()
+    # one pool server that did not flush makes the cell's flush false (its prefix cache may still hold prompts)
+    assert asyncio.run(flush_pools(Engine(), None, behind)) is False and asked == behind.pool_urls
+
+
+def test_colocated_servers_start_one_after_another(tmp_path, standin):
+    """SGLang sizes its KV pool from the memory free when it starts: a colocated decode server starts only once
+    the prefill server answers. Here the prefill server never does, so the decode server is never started."""
+    sc = _sc("sglang", {"colocate_roles": True, "ready_timeout_s": 3, "options": {"mem_fraction_static": 0.35},
+                        "roles": {"prefill": {"transfer_backend": "nixl", "gpus": 0},
+                                  "decode": {"transfer_backend": "nixl", "gpus": 0}, "router": {}}},
+             settings={"version": "0.5.17"})
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\ncase "$*" in *"--disaggregation-mode prefill"*) exec sleep 600;; esac\n'
+                      f'exec "{standin}" "$@"\n')
+    python.chmod(0o755)
+    group, _ = claim_ranks(tmp_path / "servers", [], get_engine("sglang"), sc, Path("/m"), {"python": str(python)},
+                           tmp_path / "attempt", "pd")
+    with pytest.raises(ServerStartError, match=r"rank0-prefill did not answer on 127.0.0.1:\d+ \(health\) within 3 s"):
+        with group:
+            pass
+    decode = next(r for r in group.ranks if r.role == "decode")
+    assert group.processes[decode.rank].proc is None and group.endpoint.proc is None
+    assert all(_gone(pid) for pid in group.pids().values() if pid)

@@ -9,13 +9,24 @@ The flags, as SGLang's docs spell them:
 - P/D: ``--disaggregation-mode prefill|decode``, ``--disaggregation-transfer-backend mooncake|nixl``, the prefill
   server's ``--disaggregation-bootstrap-port`` (docs.sglang.io/docs/advanced_features/pd_disaggregation.md), behind
   ``python -m sglang_router.launch_router --pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL --host H
-  --port P`` (the router's second positional value after --prefill is that bootstrap port).
+  --port P`` (the router's second positional value after --prefill is that bootstrap port). The router's own
+  Prometheus exporter listens on a fixed 29000 unless told (sglang-router 0.3.2's ``--prometheus-port``): it is
+  given a free port of its own, so that two launches, or a neighbour, never collide on it.
+
+``colocate_roles``: every prefill and decode server on the same GPUs of this host (a one-card rehearsal), each with
+its own ports, started one after another (servesweep.lifecycle.ranks). SGLang 0.5.17 holds ``mem_fraction_static`` of
+the memory free when it starts (weights and KV pool), so the second server holds its fraction of what the first
+left; fractions that add up to at most 0.9 keep the two within 0.9 of the card whatever the order.
 """
 from __future__ import annotations
 
 from servesweep.layout import Placement, RankLaunch, rehost, role_config
 
 ROUTER_MODULE = "sglang_router.launch_router"
+# The most the colocated servers' mem_fraction_static may add up to: the share of the card left to their
+# activations and CUDA graphs is then at least what one server with SGLang's default fraction on an 80 GB card
+# (about 0.9) leaves.
+COLOCATED_MEM_FRACTION_MAX = 0.9
 
 
 def world(engine, options: dict) -> int:
@@ -43,11 +54,35 @@ def layout_problems(engine, sc) -> list[tuple[str, str, str]]:
             problems.append((f"{key}.roles.{role.name}.transfer_backend", "P/D without a KV transfer backend: "
                              "SGLang's default (mooncake) needs RDMA devices this config does not name",
                              "set transfer_backend: mooncake or nixl on both prefill and decode"))
+    if sc.layout.colocated:
+        problems += _colocated_memory_problems(sc, key)
     backends = {r.transfer_backend for r in sc.layout.roles if r.name != "router" and r.transfer_backend}
     if len(backends) > 1:
         problems.append((f"{key}.roles", f"prefill and decode name different transfer backends {sorted(backends)}",
                          "give both the same transfer_backend"))
     return problems
+
+
+def _colocated_memory_problems(sc, key: str) -> list[tuple[str, str, str]]:
+    """Colocated servers each claim ``mem_fraction_static`` of the same card's free memory: each must set it
+    (SGLang's default assumes the card is its own) and together they must leave room for activations."""
+    fractions = []
+    for role in sc.layout.roles:
+        if role.name == "router":
+            continue
+        fraction = {**sc.options, **role.options}.get("mem_fraction_static")
+        if fraction is None:
+            return [(f"{key}.roles.{role.name}.options.mem_fraction_static", "colocated servers share one card and "
+                     "SGLang's default memory fraction assumes the card is the server's alone",
+                     f"set mem_fraction_static (e.g. {COLOCATED_MEM_FRACTION_MAX / 2 - 0.05:.2f}) in options or in "
+                     "each role's options")]
+        fractions += [float(fraction)] * role.count
+    if sum(fractions) > COLOCATED_MEM_FRACTION_MAX + 1e-9:
+        return [(f"{key}.roles", f"the colocated servers' mem_fraction_static add up to {sum(fractions):.2f} of one "
+                 f"card, over {COLOCATED_MEM_FRACTION_MAX}",
+                 f"lower each role's options.mem_fraction_static so that they add up to at most "
+                 f"{COLOCATED_MEM_FRACTION_MAX}, or remove colocate_roles and give each server its own GPUs")]
+    return []
 
 
 def _server_ranks(engine, sc, model_path, prepared, placement: Placement, next_port, role: str, first_rank: int,
@@ -100,7 +135,7 @@ def rank_launches(engine, sc, model_path, prepared, placement: Placement, next_p
             else:
                 decode_urls.append(url)
             ranks += server
-            node += role.nodes
+            node += 0 if layout.colocated else role.nodes
     router = layout.role("router")
     port = next_port()
     argv = [prepared["python"], "-m", ROUTER_MODULE, "--pd-disaggregation"]
@@ -108,7 +143,8 @@ def rank_launches(engine, sc, model_path, prepared, placement: Placement, next_p
         argv += ["--prefill", url, str(bootstrap)]
     for url in decode_urls:
         argv += ["--decode", url]
-    argv += ["--host", "127.0.0.1", "--port", str(port), *router.extra_args]
+    argv += ["--host", "127.0.0.1", "--port", str(port),
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(next_port()), *router.extra_args]
     ranks.append(RankLaunch(rank=len(ranks), role="router", node=0, argv=argv, env={**sc.env, **router.env},
                             port=port, endpoint=True, health_path=engine.health_path))
     return ranks

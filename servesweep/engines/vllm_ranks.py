@@ -47,6 +47,11 @@ def layout_problems(engine, sc) -> list[tuple[str, str, str]]:
     if router is not None and not router.command:
         problems.append((f"{key}.roles.router.command", "vLLM has no P/D router command of its own",
                          f"set roles.router.command to its proxy, e.g. [python, <vllm checkout>/{PROXY}]"))
+    if sc.layout.colocated:
+        # Each vLLM server sizes its KV cache from gpu_memory_utilization of a card it assumes its own; the check
+        # that colocated fractions fit one card is built for SGLang's mem_fraction_static only.
+        problems.append((f"{key}.colocate_roles", "colocated P/D servers are built for SGLang only",
+                         "remove colocate_roles and give each vLLM server GPUs of its own"))
     return problems
 
 

@@ -62,7 +62,7 @@ def local_world(engine: Engine, sc, model_path: Path, prepared: dict, placement:
     """GPUs the job leases on its own host for ``sc``'s ranks (the ports are placeholders: nothing is bound)."""
     counter = itertools.count(1)
     return local_gpu_count(engine.rank_launches(sc, Path(model_path), prepared, placement, lambda: next(counter)),
-                           placement)
+                           placement, shared=sc.layout.colocated)
 
 
 class RankGroup:
@@ -115,10 +115,26 @@ class RankGroup:
     def identity_url(self) -> str:
         """Where the engine reports the served model's identity: the endpoint, or behind a router the first decode
         server (a router reports none of its own)."""
+        return self.server_url
+
+    @property
+    def server_url(self) -> str:
+        """Where the bench job asks what only an engine server answers (identity, /tokenize, /server_info's KV
+        capacity, /metrics): the endpoint, or behind a router the first decode server — the router forwards
+        completions but is no engine (sglang-router 0.3.2 serves its Prometheus metrics on a port of its own, and
+        tokenizes only with a tokenizer of its own loaded)."""
         if self.endpoint_rank.role != "router":
             return self.base_url
         decode = next(r for r in self.ranks if r.role == "decode" and r.port)
         return self.processes[decode.rank].base_url
+
+    @property
+    def pool_urls(self) -> list[str]:
+        """Every engine server that serves HTTP: the endpoint, or behind a router each prefill and decode server
+        (a cache flush between cells must reach all of them)."""
+        if self.endpoint_rank.role != "router":
+            return [self.base_url]
+        return [self.processes[r.rank].base_url for r in self.ranks if r.role in ("prefill", "decode") and r.port]
 
     def alive(self) -> bool:
         return self.failure is None and all(p.alive() for p in self.processes.values() if p.proc is not None)
@@ -168,13 +184,20 @@ class RankGroup:
 
     # --- start, watch, stop ----------------------------------------------------------------------------------
     def start(self) -> "RankGroup":
-        """Start every rank but the endpoint, wait until the probed ones answer, then start the endpoint and the
-        watcher. Raises :class:`ServerStartError` naming the rank that died or did not answer."""
+        """Start every rank but the endpoint (colocated servers one after another), wait until the probed ones
+        answer, then start the endpoint and the watcher. Raises :class:`ServerStartError` naming the rank that died or did not answer."""
         self.started_at = time.time()
+        deadline = time.monotonic() + self.ready_timeout_s
+        # Colocated servers start one after another, each once the one before answers: SGLang 0.5.17 sizes its KV
+        # pool from the GPU memory free when it starts (kv_cache_configurator._profile_available_bytes: free now
+        # less mem_fraction_static's slack of the memory free at start), so two starting at once would each count
+        # the other's pool as free, or fail with no memory left for the KV cache.
+        one_by_one = bool(self.layout is not None and self.layout.colocated)
         for r in self.ranks:
             if not r.endpoint:
                 self.processes[r.rank].start()
-        deadline = time.monotonic() + self.ready_timeout_s
+                if one_by_one and r.probe:
+                    self._wait_probe(r, deadline)
         for r in self.ranks:
             if r.probe and not r.endpoint:
                 self._wait_probe(r, deadline)
@@ -256,6 +279,19 @@ class RankGroup:
         self.stop()
 
 
+def server_url(server) -> str:
+    """Where to ask ``server`` (a :class:`ServerProcess` or a :class:`RankGroup`) what only an engine server answers:
+    /tokenize, /server_info, /metrics (:attr:`RankGroup.server_url`)."""
+    return getattr(server, "server_url", server.base_url)
+
+
+async def flush_pools(engine: Engine, session: aiohttp.ClientSession, server) -> bool:
+    """Flush the prefix cache of every engine server of ``server`` (behind a router each pool server): True when
+    all of them flushed."""
+    results = [await engine.flush_cache(session, url) for url in getattr(server, "pool_urls", [server.base_url])]
+    return all(results)
+
+
 def claim_ranks(records_dir: Path, gpus: list[int], engine: Engine, sc, model_path: Path, prepared: dict,
                 attempt_dir: Path, name: str) -> tuple[RankGroup, list[str]]:
     """Everything before the ranks start, for a job holding its lease: the placement, each rank's ports and GPUs,
@@ -263,7 +299,7 @@ def claim_ranks(records_dir: Path, gpus: list[int], engine: Engine, sc, model_pa
     ``(group, what preflight did)``."""
     placement = placement_for(sc)
     ranks = engine.rank_launches(sc, Path(model_path), prepared, placement, port_source())
-    assign_gpus(ranks, gpus, placement)
+    assign_gpus(ranks, gpus, placement, shared=sc.layout.colocated)
     reaped: list[str] = []
     for r in ranks:
         if r.node == 0 or not placement.slurm:
