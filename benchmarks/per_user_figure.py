@@ -3,7 +3,7 @@ pipeline reported before 2026-12-06), the token-weighted rate Σ(n − 1) / Σ(d
 the median of per-request rates; per launch, and for each config's paired ratio to the baseline at its lowest C.
 
     python3 benchmarks/per_user_figure.py EXAMPLE_DIR [EXAMPLE_DIR …] [--baseline ar]
-    python3 benchmarks/per_user_figure.py EXAMPLE_DIR --rebuild-into OUT_DIR
+    python3 benchmarks/per_user_figure.py EXAMPLE_DIR --rebuild-into OUT_DIR [--no-report]
     python3 benchmarks/per_user_figure.py --smoke
 
 With ``--rebuild-into``, each example is copied to OUT_DIR/<name>, its runs' tables get the three recomputed columns
@@ -118,8 +118,9 @@ def _row_key(d: dict) -> tuple:
     return _key({k: v for k, v in d.items() if not (v is None or (isinstance(v, float) and math.isnan(v)))})
 
 
-def rebuild_into(example: Path, out_dir: Path) -> Path:
-    """A copy of ``example`` under ``out_dir`` whose runs carry the recomputed per-user columns, its report rebuilt."""
+def rebuild_into(example: Path, out_dir: Path, report: bool = True) -> Path:
+    """A copy of ``example`` under ``out_dir`` whose runs carry the recomputed per-user columns, its report rebuilt
+    unless ``report`` is false (a run folder that another tool reads, such as ``servesweep.sweepcompare``)."""
     import shutil
 
     from servesweep.blocks import _numeric, _rows, cells_over_blocks
@@ -149,7 +150,8 @@ def rebuild_into(example: Path, out_dir: Path) -> Path:
         for column in [c for c in again.columns if c.startswith("per_request_tok_s")]:
             cells[column] = again[column].to_numpy()
         cells.to_csv(run / "cells.csv", index=False)
-    rebuild_main([str(copy)])
+    if report:
+        rebuild_main([str(copy)])
     return copy
 
 
@@ -184,6 +186,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--rebuild-into", type=Path, metavar="OUT_DIR",
                     help="copy each example here with the recomputed columns and rebuild its report")
+    ap.add_argument("--no-report", action="store_true", help="with --rebuild-into: the run folders' tables only")
     args = ap.parse_args(argv)
     if args.smoke:
         smoke()
@@ -192,7 +195,7 @@ def main(argv=None) -> int:
         ap.error("name one or more example folders (or --smoke)")
     if args.rebuild_into:
         for example in args.examples:
-            rebuild_into(example, args.rebuild_into)
+            print(rebuild_into(example, args.rebuild_into, report=not args.no_report))
         return 0
     report(args.examples, args.baseline)
     return 0
