@@ -3,7 +3,13 @@ pipeline reported before 2026-12-06), the token-weighted rate Σ(n − 1) / Σ(d
 the median of per-request rates; per launch, and for each config's paired ratio to the baseline at its lowest C.
 
     python3 benchmarks/per_user_figure.py EXAMPLE_DIR [EXAMPLE_DIR …] [--baseline ar]
+    python3 benchmarks/per_user_figure.py EXAMPLE_DIR --rebuild-into OUT_DIR [--no-report]
     python3 benchmarks/per_user_figure.py --smoke
+
+With ``--rebuild-into``, each example is copied to OUT_DIR/<name>, its runs' tables get the three recomputed columns
+(the token-weighted figure as ``per_request_tok_s``, the mean and the median beside it, as the bench writes them
+now), and the copy's report is rebuilt with ``servesweep.rebuild``: the recorded report's verdicts and figures under
+the token-weighted figure, the recorded example left as it was.
 
 Each figure is recomputed from the run folders' ``requests.jsonl(.gz)`` over each repeat's measured window
 (``window_start``/``window_end`` in ``repeats.csv``) with ``servesweep.stats.window_stats``, the bench's own code.
@@ -107,6 +113,48 @@ def report(examples: list[Path], baseline: str) -> None:
         print(f"| {ex.name} | {moved} | {'; '.join(ratios) or '–'} | {100 * check:.2g} % |")
 
 
+def _row_key(d: dict) -> tuple:
+    """``_key`` of a row whether its table lacks a column (an unblocked sweep has no ``block``) or holds it empty."""
+    return _key({k: v for k, v in d.items() if not (v is None or (isinstance(v, float) and math.isnan(v)))})
+
+
+def rebuild_into(example: Path, out_dir: Path, report: bool = True) -> Path:
+    """A copy of ``example`` under ``out_dir`` whose runs carry the recomputed per-user columns, its report rebuilt
+    unless ``report`` is false (a run folder that another tool reads, such as ``servesweep.sweepcompare``)."""
+    import shutil
+
+    from servesweep.blocks import _numeric, _rows, cells_over_blocks
+    from servesweep.cells import write_csv
+    from servesweep.rebuild import main as rebuild_main
+
+    copy = out_dir / example.name
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(example, copy)
+    for run in sorted((copy / "runs").glob("*")):
+        if not (run / "repeats.csv").exists() or not (run / "repeats.csv").stat().st_size:
+            continue
+        got = {_row_key(r): r for r in launch_figures(run).to_dict("records")}
+        rows = _numeric(_rows(run / "repeats.csv"))
+        for row in rows:
+            figures = got.get(_row_key(row))
+            if figures is None:  # a repeat without requests in its window keeps what it recorded
+                continue
+            row.update({k: figures[k] for k in FIGURES})
+        write_csv(run / "repeats.csv", rows)
+        # only the per-user columns change: the rest of the recorded cells.csv stays as the bench wrote it
+        cells = pd.read_csv(run / "cells.csv").copy()
+        again = pd.DataFrame(cells_over_blocks(rows))
+        if len(again) != len(cells):
+            raise SystemExit(f"{run}: cells.csv has {len(cells)} rows, its repeats.csv makes {len(again)}")
+        for column in [c for c in again.columns if c.startswith("per_request_tok_s")]:
+            cells[column] = again[column].to_numpy()
+        cells.to_csv(run / "cells.csv", index=False)
+    if report:
+        rebuild_main([str(copy)])
+    return copy
+
+
 def smoke() -> None:
     """A made-up run folder whose one near-burst request lifts the mean: the token-weighted figure must not move."""
     import tempfile
@@ -136,12 +184,19 @@ def main(argv=None) -> int:
     ap.add_argument("examples", nargs="*", type=Path)
     ap.add_argument("--baseline", default="ar")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--rebuild-into", type=Path, metavar="OUT_DIR",
+                    help="copy each example here with the recomputed columns and rebuild its report")
+    ap.add_argument("--no-report", action="store_true", help="with --rebuild-into: the run folders' tables only")
     args = ap.parse_args(argv)
     if args.smoke:
         smoke()
         return 0
     if not args.examples:
         ap.error("name one or more example folders (or --smoke)")
+    if args.rebuild_into:
+        for example in args.examples:
+            print(rebuild_into(example, args.rebuild_into, report=not args.no_report))
+        return 0
     report(args.examples, args.baseline)
     return 0
 
