@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 
 from servesweep import capacity as capacity_mod
-from servesweep import metrics_series, promtext
+from servesweep import metrics_series, promtext, role_metrics
 from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
@@ -77,6 +77,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     window: dict = {}
     sampler = (MetricsSampler(session, base, engine.metrics_path, engine.state_metrics, series.interval_s)
                if series is not None and series.on_for(engine, sc.engine_settings) else None)
+    roles = role_metrics.role_targets(server, engine.metrics_path)  # a P/D layout's servers, each scraped too
 
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
@@ -84,6 +85,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         window["cpu_from"] = cpu_snapshot(server.process_ids())
         telemetry.cell_begin(cell_id)
         window["metrics_before"] = await promtext.scrape(session, base, engine.metrics_path)
+        window["roles_before"] = await role_metrics.scrape_roles(session, roles)
         if sampler is not None:
             sampler.begin()
 
@@ -94,6 +96,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         window["cpu_to"] = cpu_snapshot(server.process_ids())
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
         window["metrics_after"] = await promtext.scrape(session, base, engine.metrics_path)
+        window["roles_after"] = await role_metrics.scrape_roles(session, roles)
 
     records, client = await run_load(spec, opened, closed)
     t0, t1 = client["window_start"], client["window_end"]
@@ -116,6 +119,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(client)
     row["host_other_cpu_pct"] = other_cpu_pct(window["cpu_from"], window["cpu_to"], t1 - t0)
     row.update(engine.cell_metrics(events, window["metrics_before"], window["metrics_after"], measured))
+    row.update(role_metrics.role_cell_columns(engine, roles, window["roles_before"], window["roles_after"], t1 - t0))
     row.update(window["telemetry"].columns())
     row.update(energy_per_token(row))
     if sampler is not None:
@@ -246,7 +250,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
             capacity = await engine.kv_capacity(session, base)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             capacity = {}
-        await writer.keep_metrics(session, base, engine.metrics_path, "metrics-start.prom")
+        await role_metrics.keep_metrics(writer, session, server, engine.metrics_path, "start")
         cells = ([(w, ctx, "concurrency", c) for w, ctx, c in matrix.cells()]
                  + [(w, ctx, "rate", r) for w, ctx, r in matrix.rate_cells()])
         progress = CellProgress(sc.name, block.index, len(cells) * matrix.repeats, matrix.repeats)
@@ -293,7 +297,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                     if profile_queue is not None:
                         profile_queue.append((name, replace(row.spec, prompt_source=fresh)))
                 progress.done(key, row.columns.get("agg_output_tok_s", math.nan), row.columns["errors"])
-        await writer.keep_metrics(session, base, engine.metrics_path, "metrics-end.prom")
+        await role_metrics.keep_metrics(writer, session, server, engine.metrics_path, "end")
     return described
 
 
