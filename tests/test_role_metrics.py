@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import urllib.request
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
@@ -13,11 +14,14 @@ import pandas as pd
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from servesweep import promtext
+from servesweep import bench, promtext
 from servesweep.engines import get_engine
 from servesweep.lifecycle.ranks import claim_ranks
+from servesweep.loadgen import LoadSpec, WindowPlan
+from servesweep.loadgen.prompts import Prompt
 from servesweep.report.roles import roles_section
 from servesweep.role_metrics import RoleTarget, keep_metrics, role_cell_columns, role_targets, scrape_roles
+from servesweep.telemetry import Telemetry
 
 from test_multinode import _sc, _wait_ready, standin  # noqa: F401 (the stand-in ranks' fixture)
 
@@ -208,3 +212,42 @@ def test_stand_in_roles_read_back_through_a_launched_group(tmp_path, standin, en
     else:
         assert roles == ["decode", "prefill"]  # vLLM's proxy serves no metrics: not scraped
         assert not any(k.startswith("router_") for k in cols)
+
+
+@dataclass(frozen=True)
+class _Prompts:
+    def get(self, index):
+        return Prompt(payload="hi")
+
+
+def test_a_bench_cell_against_stand_in_pd_ranks_has_each_roles_columns(tmp_path, standin):  # noqa: F811
+    """The bench job's own cell (bench.measure_cell) against a launched P/D group: the role columns come from the
+    scrapes taken as its window opened and closed. The stand-ins answer without streaming, so the requests count as
+    errors for the client; the servers still served them, which is what their metrics say."""
+    sc = _sc("sglang", {"options": {}, "roles": {"prefill": {"transfer_backend": "nixl", "gpus": 0},
+                                                 "decode": {"transfer_backend": "nixl", "gpus": 0}, "router": {}}},
+             settings={"version": "0.5.17"})
+    eng = get_engine("sglang")
+    group, _ = claim_ranks(tmp_path / "servers", [], eng, sc, Path("/m"), {"python": str(standin)},
+                           tmp_path / "attempt", "pd")
+    spec = LoadSpec(base_url="", model="m", concurrency=1, prompts=[], output_tokens=1, progress=False,
+                    window=WindowPlan(warmup_s=0.0, warmup_requests=0, measure_s=1.0, measure_requests=2, max_s=5.0),
+                    prompt_source=_Prompts())
+
+    async def cell():
+        async with aiohttp.ClientSession() as session:
+            return await bench.measure_cell(group, eng, sc, session, replace(spec, base_url=group.base_url),
+                                            Telemetry([], samples_path=tmp_path / "telemetry.csv"), "cell")
+
+    with group:
+        _wait_ready(group)
+        records, row = asyncio.run(cell())
+    served = row["router_requests"]
+    assert served >= 1 and row["router_servers_scraped"] == 1
+    # A request may be between two servers when the three are scraped: each count is within one of the router's.
+    assert abs(row["prefill_kv_transfer_ms_count"] - served) <= 1
+    assert row["prefill_kv_transfer_ms_mean"] == pytest.approx(3.0)
+    window = row["window_end"] - row["window_start"]
+    # the scrapes bracket the client's window: a pool's rate is its counter's difference over that window
+    assert abs(row["decode_output_tok_s"] * window - served) <= 1 + 1e-9
+    assert row["decode_output_tok_s"] * window == pytest.approx(round(row["decode_output_tok_s"] * window))
