@@ -31,7 +31,7 @@ from servesweep.envcheck import cpu_model
 from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, failure_message, publish_failure,
                                        remeasure_command)
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
-                                  tail_lines, wait_until_ready)
+                                  node_telemetry, tail_lines, wait_until_ready)
 from servesweep.lifecycle.ranks import claim_ranks, local_world, placement_for
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
 from servesweep.metrics_series import MetricsSampler, SeriesSettings
@@ -121,6 +121,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(engine.cell_metrics(events, window["metrics_before"], window["metrics_after"], measured))
     row.update(role_metrics.role_cell_columns(engine, roles, window["roles_before"], window["roles_after"], t1 - t0))
     row.update(window["telemetry"].columns())
+    row.update(node_telemetry.cell_columns(server, t0, t1, row))  # a layout's other nodes, sampled on each
     row.update(energy_per_token(row))
     if sampler is not None:
         row.update(metrics_series.cell_columns(window.get("samples", []), series))
@@ -610,10 +611,10 @@ def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
     for name in ("metrics-start.prom", "metrics-end.prom", "capacity_probes.csv"):  # not declared outputs: kept
         if (paths.attempt_dir / name).exists():
             shutil.copyfile(paths.attempt_dir / name, paths.cells_csv.parent / name)
-    ranks = paths.attempt_dir / "ranks"
-    if ranks.exists():  # each rank's own log beside the endpoint's server.log (a multi-process layout)
-        shutil.rmtree(paths.cells_csv.parent / "ranks", ignore_errors=True)
-        shutil.copytree(ranks, paths.cells_csv.parent / "ranks")
+    for folder in ("ranks", "telemetry"):  # a layout's: each rank's log and metrics, each further node's samples
+        if (paths.attempt_dir / folder).exists():
+            shutil.rmtree(paths.cells_csv.parent / folder, ignore_errors=True)
+            shutil.copytree(paths.attempt_dir / folder, paths.cells_csv.parent / folder)
     profiles = paths.attempt_dir / "profiles"
     if profiles.exists():  # the profiled cells' traces, compressed (not a declared output: a folder of its own)
         shutil.rmtree(paths.cells_csv.parent / "profiles", ignore_errors=True)

@@ -45,8 +45,9 @@ def roles_section(cells: pd.DataFrame, metas: list[dict]) -> list[str]:
     rows = _role_cells(cells, metas)
     if rows.empty:
         return []
-    lines = ["Per role, for the disaggregated configs: each role's servers' own /metrics, differenced over each measured window and summed over the role's "
-             "servers (tok/s: the pool's; KV transfer: the histogram's quantiles over the window's transfers), "
+    lines = ["Per role, for the disaggregated configs: each role's servers' own /metrics, differenced over each "
+             "measured window and summed over the role's servers (tok/s: the pool's; KV transfer: the histogram's "
+             "quantiles over the window's transfers), "
              "mean over repeats; – where the role's servers were not scraped or do not report the figure.", "",
              "| config | cell | role | " + " | ".join(h for h, _ in ROLE_TABLE.values()) + " |",
              "|---|---|---|" + "---|" * len(ROLE_TABLE)]
