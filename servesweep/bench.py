@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 
 from servesweep import capacity as capacity_mod
-from servesweep import metrics_series, promtext
+from servesweep import metrics_series, promtext, role_metrics
 from servesweep import stats as stats_mod
 from servesweep.clock import now
 from servesweep.correctness.job import CorrectnessOutputs, check_sandbox, run_correctness
@@ -31,7 +31,7 @@ from servesweep.envcheck import cpu_model
 from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, failure_message, publish_failure,
                                        remeasure_command)
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
-                                  tail_lines, wait_until_ready)
+                                  node_telemetry, tail_lines, wait_until_ready)
 from servesweep.lifecycle.ranks import claim_ranks, flush_pools, local_world, placement_for, server_url
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
 from servesweep.metrics_series import MetricsSampler, SeriesSettings
@@ -73,10 +73,10 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     ``series``, the server's state sampled through the window (its samples appended to ``series_out``).
 
     Returns (request records, the repeat's measured columns)."""
-    base = server.base_url
     window: dict = {}
     sampler = (MetricsSampler(session, server_url(server), engine.metrics_path, engine.state_metrics, series.interval_s)
                if series is not None and series.on_for(engine, sc.engine_settings) else None)
+    roles = role_metrics.role_targets(server, engine.metrics_path)  # a P/D layout's servers, each scraped too
 
     async def opened() -> None:
         # The log lines of the window are the bytes appended while it was open: log stamps are to the second.
@@ -84,6 +84,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         window["cpu_from"] = cpu_snapshot(server.process_ids())
         telemetry.cell_begin(cell_id)
         window["metrics_before"] = await promtext.scrape(session, server_url(server), engine.metrics_path)
+        window["roles_before"] = await role_metrics.scrape_roles(session, roles)
         if sampler is not None:
             sampler.begin()
 
@@ -94,6 +95,7 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
         window["cpu_to"] = cpu_snapshot(server.process_ids())
         window["telemetry"] = await asyncio.get_running_loop().run_in_executor(None, telemetry.cell_end, cell_id)
         window["metrics_after"] = await promtext.scrape(session, server_url(server), engine.metrics_path)
+        window["roles_after"] = await role_metrics.scrape_roles(session, roles)
 
     records, client = await run_load(spec, opened, closed)
     t0, t1 = client["window_start"], client["window_end"]
@@ -116,7 +118,9 @@ async def measure_cell(server: ServerProcess, engine, sc: ServerConfig, session:
     row.update(client)
     row["host_other_cpu_pct"] = other_cpu_pct(window["cpu_from"], window["cpu_to"], t1 - t0)
     row.update(engine.cell_metrics(events, window["metrics_before"], window["metrics_after"], measured))
+    row.update(role_metrics.role_cell_columns(engine, roles, window["roles_before"], window["roles_after"], t1 - t0))
     row.update(window["telemetry"].columns())
+    row.update(node_telemetry.cell_columns(server, t0, t1, row))  # a layout's other nodes, sampled on each
     row.update(energy_per_token(row))
     if sampler is not None:
         row.update(metrics_series.cell_columns(window.get("samples", []), series))
@@ -245,7 +249,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
             capacity = await engine.kv_capacity(session, server_url(server))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             capacity = {}
-        await writer.keep_metrics(session, server_url(server), engine.metrics_path, "metrics-start.prom")
+        await role_metrics.keep_metrics(writer, session, server, engine.metrics_path, "start")
         cells = ([(w, ctx, "concurrency", c) for w, ctx, c in matrix.cells()]
                  + [(w, ctx, "rate", r) for w, ctx, r in matrix.rate_cells()])
         progress = CellProgress(sc.name, block.index, len(cells) * matrix.repeats, matrix.repeats)
@@ -292,7 +296,7 @@ async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Ma
                     if profile_queue is not None:
                         profile_queue.append((name, replace(row.spec, prompt_source=fresh)))
                 progress.done(key, row.columns.get("agg_output_tok_s", math.nan), row.columns["errors"])
-        await writer.keep_metrics(session, server_url(server), engine.metrics_path, "metrics-end.prom")
+        await role_metrics.keep_metrics(writer, session, server, engine.metrics_path, "end")
     return described
 
 
@@ -605,10 +609,10 @@ def publish(paths: JobPaths, writer: CellWriter, meta: dict) -> None:
     for name in ("metrics-start.prom", "metrics-end.prom", "capacity_probes.csv"):  # not declared outputs: kept
         if (paths.attempt_dir / name).exists():
             shutil.copyfile(paths.attempt_dir / name, paths.cells_csv.parent / name)
-    ranks = paths.attempt_dir / "ranks"
-    if ranks.exists():  # each rank's own log beside the endpoint's server.log (a multi-process layout)
-        shutil.rmtree(paths.cells_csv.parent / "ranks", ignore_errors=True)
-        shutil.copytree(ranks, paths.cells_csv.parent / "ranks")
+    for folder in ("ranks", "telemetry"):  # a layout's: each rank's log and metrics, each further node's samples
+        if (paths.attempt_dir / folder).exists():
+            shutil.rmtree(paths.cells_csv.parent / folder, ignore_errors=True)
+            shutil.copytree(paths.attempt_dir / folder, paths.cells_csv.parent / folder)
     profiles = paths.attempt_dir / "profiles"
     if profiles.exists():  # the profiled cells' traces, compressed (not a declared output: a folder of its own)
         shutil.rmtree(paths.cells_csv.parent / "profiles", ignore_errors=True)

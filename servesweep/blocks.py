@@ -196,11 +196,12 @@ def _write_records(launches: list[LaunchFiles], metas: list[dict], out: LaunchFi
             dest = out.meta.parent / "profiles" / f"b{meta.get('block', 0)}"
             shutil.rmtree(dest, ignore_errors=True)
             shutil.copytree(f.meta.parent / "profiles", dest)
-    for f, meta in zip(launches, metas):  # each rank's log of a multi-process layout
-        if (f.meta.parent / "ranks").is_dir():
-            dest = out.meta.parent / "ranks" / f"b{meta.get('block', 0)}"
-            shutil.rmtree(dest, ignore_errors=True)
-            shutil.copytree(f.meta.parent / "ranks", dest)
+    for f, meta in zip(launches, metas):  # a multi-process layout's rank logs and metrics, its other nodes' samples
+        for folder in ("ranks", "telemetry"):
+            if (f.meta.parent / folder).is_dir():
+                dest = out.meta.parent / folder / f"b{meta.get('block', 0)}"
+                shutil.rmtree(dest, ignore_errors=True)
+                shutil.copytree(f.meta.parent / folder, dest)
     shutil.copyfile(launches[0].coding_eval, out.coding_eval)
     shutil.copyfile(launches[0].greedy, out.greedy)
 

@@ -103,7 +103,9 @@ class RankLaunch:
     health_path: str = "/health"
     gpu_count: int = 0  # GPUs this process holds on its node
     gpus: list = field(default_factory=list)  # which: given out by assign_gpus
-
+    # Where its own Prometheus exposition is, when not on ``port`` (SGLang's router: its ``--prometheus-port``); a
+    # prefill or decode server's is on ``port``, and a router without one has none scraped (servesweep.role_metrics).
+    metrics_port: int = 0
 
     @property
     def name(self) -> str:
@@ -154,6 +156,7 @@ def layout_facts(layout: Layout, ranks: list[RankLaunch], pids: dict[int, int | 
             "roles": [r.name for r in layout.roles], "slurm": bool(placement and placement.slurm),
             "ranks": [{"rank": r.rank, "role": r.role, "node": r.node, "host": r.host, "port": r.port,
                        "endpoint": r.endpoint, "pid": pids.get(r.rank), "gpus": r.gpus, "argv": r.argv,
+                       "metrics_port": r.metrics_port or None,
                        "log": "server.log" if r.endpoint else f"ranks/{r.name}.log"}
                       for r in ranks]}
 

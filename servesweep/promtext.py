@@ -6,6 +6,7 @@ A body that is not Prometheus text (a proxy's HTML page, a JSON error) is never 
 from __future__ import annotations
 
 import logging
+import math
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -80,6 +81,54 @@ def by_label(samples: dict[tuple[str, tuple], float], name: str, label: str) -> 
             key = dict(lab)[label]
             out[key] = out.get(key, 0.0) + v
     return out
+
+
+def merged(deltas: list[dict[tuple[str, tuple], float]]) -> dict[tuple[str, tuple], float]:
+    """Several servers' samples as one: two servers of a pool report the same names and labels, so their values
+    add up rather than replace each other."""
+    out: dict[tuple[str, tuple], float] = {}
+    for d in deltas:
+        for k, v in d.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def histogram(samples: dict[tuple[str, tuple], float], name: str) -> dict | None:
+    """One histogram's differenced samples summed over its labels (every server process, rank or engine that
+    observed it): ``count``, ``sum``, ``mean`` and the ``p50`` and ``p99`` that Prometheus' ``histogram_quantile``
+    gives (linear within a bucket; a quantile in the +Inf bucket is the highest finite bound). None when the
+    histogram is absent; NaN figures when it counted nothing over the window."""
+    buckets: dict[float, float] = {}
+    for (n, lab), v in samples.items():
+        if n == f"{name}_bucket" and "le" in dict(lab):
+            le = float(dict(lab)["le"])
+            buckets[le] = buckets.get(le, 0.0) + v
+    count, total_ = total(samples, f"{name}_count"), total(samples, f"{name}_sum")
+    if count is None and not buckets:
+        return None
+    count = count if count is not None else buckets.get(math.inf, 0.0)
+    out = {"count": count, "sum": total_ if total_ is not None else math.nan,
+           "mean": total_ / count if total_ is not None and count > 0 else math.nan}
+    for label, q in (("p50", 0.5), ("p99", 0.99)):
+        out[label] = bucket_quantile(buckets, q)
+    return out
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> float:
+    """The ``q`` quantile of cumulative bucket counts {upper bound: count}, as Prometheus' ``histogram_quantile``
+    computes it; NaN without observations."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return math.nan
+    rank, lower, below = q * buckets[bounds[-1]], 0.0, 0.0
+    for upper in bounds:
+        if buckets[upper] >= rank:
+            if math.isinf(upper):
+                return lower
+            inside = buckets[upper] - below
+            return upper if inside <= 0 else lower + (upper - lower) * (rank - below) / inside
+        lower, below = upper, buckets[upper]
+    return lower
 
 
 async def scrape(session: aiohttp.ClientSession, base: str, path: str | None, check: bool = True) -> str | None:

@@ -93,11 +93,16 @@ def test_sglang_pd_servers_sit_behind_its_router():
                            "--prefill", f"http://127.0.0.1:{prefill.port}", bootstrap,
                            "--decode", f"http://127.0.0.1:{decode.port}",
                            "--host", "127.0.0.1", "--port", str(router.port),
-                           "--prometheus-host", "127.0.0.1", "--prometheus-port", _after(router.argv, "--prometheus-port"),
+                           "--prometheus-port", str(router.metrics_port), "--prometheus-host", "127.0.0.1",
                            "--policy", "round_robin"]
-    assert len({prefill.port, decode.port, router.port, int(bootstrap),
-                int(_after(router.argv, "--prometheus-port"))}) == 5
+    assert len({prefill.port, decode.port, router.port, int(bootstrap), router.metrics_port}) == 5
     assert (prefill.node, decode.node) == (0, 1)
+    # a config's own Prometheus port is the one scraped, and not given twice
+    sc = _sc("sglang", {"options": {"tp": 1}, "roles": {
+        "prefill": {"transfer_backend": "nixl"}, "decode": {"transfer_backend": "nixl"},
+        "router": {"extra_args": ["--prometheus-port", "29123"]}}}, settings={"version": "0.5.17"})
+    router = get_engine("sglang").rank_launches(sc, Path("/m"), {"python": "/py"}, Placement.local(2), _ports())[-1]
+    assert router.metrics_port == 29123 and router.argv.count("--prometheus-port") == 1
 
 
 ROUTER_HELP = ROOT / "tests" / "data" / "sglang-router-0.3.2-help.txt"

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from conftest import copy_tree
+from servesweep.lifecycle.node_telemetry import read_samples
 from slurm_cluster import ClusterUnavailable, install_slurm, slurm_cluster
 from test_multinode_rpc import LAYERS_ON_THE_WORKER, rpc_config
 
@@ -96,6 +97,10 @@ def test_a_two_node_rpc_config_and_a_one_node_config_are_compared_through_the_sl
         assert "Accepted client connection" in worker_log
         meta = json.loads((workdir / f"results/blocks/rpc2/b{block}/meta.json").read_text())
         assert meta["status"] == "ok" and meta["host"] == node1.name  # the bench job ran on the job's first node
+        # node2 sampled by a telemetry step of its own there, its rows kept with the launch (CPU rows: no GPU here)
+        assert meta["layout"]["telemetry"]["1"]["rows"] >= 2, meta["layout"]["telemetry"]
+        facts, rows = read_samples(workdir / f"results/runs/rpc2/telemetry/b{block}/node1.csv")
+        assert facts["node"] == 1 and rows and {r["gpu"] for r in rows} == {-1.0}
 
     cells = pd.read_csv(workdir / "results/tables/cells.csv")
     assert sorted(cells["config"]) == ["one", "rpc2"] and (cells["errors"] == 0).all()
@@ -104,6 +109,7 @@ def test_a_two_node_rpc_config_and_a_one_node_config_are_compared_through_the_sl
     assert "| 2 nodes |" in findings and "| 1 process |" in findings
     assert f"rank 1 worker: node 1, {node2.address}:" in findings
     assert "The sweep compares 2 layouts (1 process; 2 nodes)" in findings
+    assert "GPU energy not measured on node(s) 0, 1" in findings  # no node measured it: nothing summed
     speedup = pd.read_csv(workdir / "results/tables/speedup.csv")
     row = speedup[speedup["config"] == "rpc2"].iloc[0]  # against the one-node baseline, paired by block
     # Whether a repeat is left out as measured beside a busy neighbour depends on this shared host; the rpc-server's

@@ -155,6 +155,8 @@ class Engine(abc.ABC):
     metrics_path: str | None = "/metrics"
     # The /metrics counter of generated (output) tokens the usage counts are checked against; None: not exposed.
     generated_tokens_metric: str | None = None
+    # The /metrics counter of prompt tokens: with the one above, each role's token rates (role_cell_metrics).
+    prompt_tokens_metric: str | None = None
     # The /metrics counters of the prefix cache: (prompt tokens served from it, prompt tokens, whether the second
     # counts the first too); None: the engine exposes none. Cells get the hit rate over their window from them.
     prefix_cache_metrics: tuple[str, str, bool] | None = None
@@ -559,6 +561,18 @@ class Engine(abc.ABC):
         """The engine's own cell columns. Engines return at least the ``SPEC_COLUMNS`` (NaN where they do not report
         them), plus ``accept_length`` and ``accept_rate`` when the cell verified drafts."""
         return spec_columns()
+
+    def role_cell_metrics(self, role: str, deltas: list[dict], window_s: float) -> dict:
+        """One role's cell columns from each of its servers' differenced /metrics over the window (prefill and
+        decode pools, the router; servesweep.role_metrics): ``<role>_prompt_tok_s`` and ``<role>_output_tok_s``
+        summed over the pool where the engine names its token counters; an engine adds what it reports of P/D."""
+        out = {}
+        for column, metric in (("prompt_tok_s", self.prompt_tokens_metric),
+                               ("output_tok_s", self.generated_tokens_metric)):
+            counts = [promtext.total(d, metric) for d in deltas] if metric and window_s > 0 else []
+            if counts and all(c is not None for c in counts):
+                out[f"{role}_{column}"] = sum(counts) / window_s
+        return out
 
     # --- the profiler (servesweep.profiled) ----------------------------------------------------------------------
     # What the engine's own profiler is, as the report names it; None: it has none (``no_profiler`` says so).

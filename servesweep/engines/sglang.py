@@ -20,7 +20,7 @@ from servesweep.clock import now
 from servesweep.engines.base import (SERVING_FLAGS, ContextLimit, Engine, HostNeeds, LaunchSpec, cell_label, gpu_jit_cache_dirs,
                                      spec_columns)
 from servesweep.engines.sglang_log import parse_sglang_log
-from servesweep.engines import sglang_ranks
+from servesweep.engines import sglang_pd, sglang_ranks
 from servesweep.numeric import mean_or_nan
 from servesweep.versions import version_tuple
 
@@ -159,6 +159,7 @@ class SGLangEngine(Engine):
     log_facts_corrected = ("weights_gb", "load_weights_s")
     label = "SGLang"
     generated_tokens_metric = "sglang:generation_tokens_total"
+    prompt_tokens_metric = "sglang:prompt_tokens_total"
     # cached_tokens_total (by cache_source) over prompt_tokens_total, which counts every prompt token, the cached ones
     # included: in tests/data/sglang-0.5.17-h200/ep_metrics.txt prompt_tokens_total (7 + 10,214) is the realtime
     # prefill_compute (7,980) plus prefill_cache (2,242) tokens within 1, and cached_tokens_total is 2,242.
@@ -423,6 +424,9 @@ class SGLangEngine(Engine):
 
     def rank_launches(self, sc, model_path, prepared, placement, next_port):
         return sglang_ranks.rank_launches(self, sc, model_path, prepared, placement, next_port)
+
+    def role_cell_metrics(self, role, deltas, window_s):
+        return {**super().role_cell_metrics(role, deltas, window_s), **sglang_pd.role_columns(role, deltas)}
 
     def launch(self, sc, model_path, port, prepared):
         argv = [prepared["python"], "-m", "sglang.launch_server", "--model-path", str(model_path),

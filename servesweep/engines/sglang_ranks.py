@@ -143,8 +143,15 @@ def rank_launches(engine, sc, model_path, prepared, placement: Placement, next_p
         argv += ["--prefill", url, str(bootstrap)]
     for url in decode_urls:
         argv += ["--decode", url]
-    argv += ["--host", "127.0.0.1", "--port", str(port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(next_port()), *router.extra_args]
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    # The router's Prometheus exporter listens on a port of its own, 29000 on every interface unless told
+    # (sglang_router 0.3.2 router_args.py: --prometheus-port, --prometheus-host): one of ours, so that two launches
+    # on one host do not collide and the bench job can scrape it; a config's own --prometheus-port is kept.
+    metrics_port = int(router.extra_args[router.extra_args.index("--prometheus-port") + 1]) \
+        if "--prometheus-port" in router.extra_args else next_port()
+    if "--prometheus-port" not in router.extra_args:
+        argv += ["--prometheus-port", str(metrics_port), "--prometheus-host", "127.0.0.1"]
+    argv += list(router.extra_args)
     ranks.append(RankLaunch(rank=len(ranks), role="router", node=0, argv=argv, env={**sc.env, **router.env},
-                            port=port, endpoint=True, health_path=engine.health_path))
+                            port=port, endpoint=True, health_path=engine.health_path, metrics_port=metrics_port))
     return ranks

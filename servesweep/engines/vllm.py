@@ -160,6 +160,7 @@ class VLLMEngine(Engine):
     name = "vllm"
     label = "vLLM"
     generated_tokens_metric = "vllm:generation_tokens_total"
+    prompt_tokens_metric = "vllm:prompt_tokens_total"
     # "Prefix cache hits, in terms of number of cached tokens" over "Prefix cache queries, in terms of number of
     # queried tokens" (their help texts in tests/data/vllm-0.26.0-h200/gemma-ngram-metrics-end.prom).
     prefix_cache_metrics = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", True)
@@ -290,6 +291,9 @@ class VLLMEngine(Engine):
 
     def rank_launches(self, sc, model_path, prepared, placement, next_port):
         return vllm_ranks.rank_launches(self, sc, model_path, prepared, placement, next_port)
+
+    def role_cell_metrics(self, role, deltas, window_s):
+        return {**super().role_cell_metrics(role, deltas, window_s), **vllm_ranks.role_columns(role, deltas)}
 
     def launch(self, sc, model_path, port, prepared):
         argv = [prepared["executable"], "serve", str(model_path), "--served-model-name", sc.served_name,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+from servesweep import promtext
 from servesweep.layout import Placement, RankLaunch, rehost, role_config
 
 SIDE_CHANNEL_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
@@ -110,3 +111,30 @@ def rank_launches(engine, sc, model_path, prepared, placement: Placement, next_p
     ranks.append(RankLaunch(rank=len(ranks), role="router", node=0, argv=argv, env={**sc.env, **router.env},
                             port=port, endpoint=True, health_path=engine.health_path))
     return ranks
+
+
+# The NIXL connector's Prometheus metrics (vLLM's NixlPromMetrics in
+# vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py): a histogram per transfer of its duration (seconds)
+# and bytes, and a counter of failed transfers, each per engine. Which side observes them is the one that pulls
+# the KV (the decode server reads from the prefill server's memory); not yet read from a real vLLM P/D run.
+NIXL_TIME, NIXL_BYTES, NIXL_FAILED = ("vllm:nixl_xfer_time_seconds", "vllm:nixl_bytes_transferred",
+                                      "vllm:nixl_num_failed_transfers_total")
+
+
+def role_columns(role: str, deltas: list[dict]) -> dict:
+    """A pool's KV transfers over a cell from the NIXL connector's metrics, where its servers expose them: count,
+    duration mean/p50/p99 in ms, MB moved and failed transfers (the same columns as SGLang's); nothing for the
+    proxy, which serves no metrics."""
+    samples = promtext.merged(deltas)
+    out = {}
+    duration = promtext.histogram(samples, NIXL_TIME)
+    if duration is not None:
+        out[f"{role}_kv_transfer_ms_count"] = duration["count"]
+        out.update({f"{role}_kv_transfer_ms_{s}": duration[s] * 1000.0 for s in ("mean", "p50", "p99")})
+    moved = promtext.histogram(samples, NIXL_BYTES)
+    if moved is not None:
+        out[f"{role}_kv_transfer_mb"] = moved["sum"] / (1024 * 1024)
+    failed = promtext.total(samples, NIXL_FAILED)
+    if failed is not None:
+        out[f"{role}_kv_transfer_failed"] = failed
+    return out

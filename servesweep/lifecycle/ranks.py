@@ -27,6 +27,7 @@ from servesweep.layout import (Placement, PlacementError, RankLaunch, assign_gpu
 from servesweep.lifecycle.process import ServerProcess, ServerStartError, tail_lines
 from servesweep.lifecycle.reap import preflight, refuse_busy_gpus
 from servesweep.lifecycle.slurm_ranks import AllocationError, allocation_from_env, cancel_steps, step_command
+from servesweep.lifecycle.node_telemetry import NodeSamplers
 from servesweep.ports import port_in_use
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class RankGroup:
                                                    records_dir=records_dir, name=f"{name}.{r.name}", gpus=r.gpus,
                                                    config=config)
         self.endpoint = self.processes[self.endpoint_rank.rank]
+        # Under SLURM, a telemetry step on each further node (its GPUs are not this host's): not a rank, not watched.
+        self.node_samplers = NodeSamplers(placement, ranks, attempt_dir, f"{name}-{os.getpid()}")
         self.failure: str | None = None
         self.started_at: float | None = None
         self.stopped_at: float | None = None
@@ -172,6 +175,7 @@ class RankGroup:
         if not self.placement.slurm:
             return []
         wanted = {tuple(r.argv) for r in self.ranks if r.node != 0}
+        wanted |= {tuple(argv) for argv in self.node_samplers.argv.values()}  # its node's telemetry: ours too
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             if tuple(proc.info["cmdline"] or ()) in wanted:
@@ -180,7 +184,10 @@ class RankGroup:
 
     def facts(self) -> dict:
         """meta.json's ``layout``: nodes × GPUs, roles, and per rank its host, port, pid and log."""
-        return layout_facts(self.layout, self.ranks, self.pids(), self.gpus_per_node, self.placement)
+        facts = layout_facts(self.layout, self.ranks, self.pids(), self.gpus_per_node, self.placement)
+        if self.node_samplers.files:
+            facts["telemetry"] = self.node_samplers.facts()
+        return facts
 
     # --- start, watch, stop ----------------------------------------------------------------------------------
     def start(self) -> "RankGroup":
@@ -193,6 +200,7 @@ class RankGroup:
         # less mem_fraction_static's slack of the memory free at start), so two starting at once would each count
         # the other's pool as free, or fail with no memory left for the KV cache.
         one_by_one = bool(self.layout is not None and self.layout.colocated)
+        self.node_samplers.start()
         for r in self.ranks:
             if not r.endpoint:
                 self.processes[r.rank].start()
@@ -260,10 +268,12 @@ class RankGroup:
         order = [self.endpoint] + [self.processes[r.rank] for r in reversed(self.ranks) if not r.endpoint]
         for p in order:
             p.stop()
+        self.node_samplers.stop()
         if self.placement.slurm:
             # srun passes the stop on to its task; a step whose srun was killed outright is cancelled here, so that
             # none outlives the launch (only the job's end would take it otherwise).
-            cancel_steps(self.placement.job_id, {self.step_names[r.rank] for r in self.ranks if r.node != 0})
+            cancel_steps(self.placement.job_id, {self.step_names[r.rank] for r in self.ranks if r.node != 0}
+                         | set(self.node_samplers.step_names.values()))
         if self._watcher is not None:
             self._watcher.join(timeout=5)
         self.stopped_at = time.time()

@@ -20,6 +20,7 @@ from servesweep.report.speculative import speculative_section
 from servesweep.report.correctness import correctness_section
 from servesweep.report.energy import charts_section, power_energy_section
 from servesweep.report.profile import profile_section, state_section
+from servesweep.report.roles import roles_section
 from servesweep.report.sessions import sessions_section
 from servesweep.report.findings import (anomalies, kv_capacity_findings, engine_metric_findings, engines_findings, repeat_order_drifts,
                                         repeat_order_findings, speculation_findings)
@@ -126,6 +127,7 @@ def write_findings(out_path: Path, inputs: FindingsInputs, baseline: str, slos: 
     eng = engine_metric_findings(cells, metas)
     if eng:
         lines += ["Engine metrics per cell (over each measured window):", ""] + eng + [""]
+    lines += roles_section(cells, metas)
     anomaly = anomalies(cells, repeats, rule, metas) + kv_capacity_findings(rate_cells)
     lines += ["Anomalies:", ""] + (anomaly or ["- none found (no errors, no measurable throughput drop as "
                                                "concurrency rises, client never the bottleneck)."]) + [""]

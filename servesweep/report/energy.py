@@ -23,6 +23,7 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
         else:
             energy = f"no GPU energy ({g['gpu_telemetry'].iloc[0] if 'gpu_telemetry' in g else 'no telemetry'})"
         lines += [f"`{cfg}`: {energy}. Decode ceiling: {note}.", ""]
+        lines += nodes_note(g)
         if not has_gpu:
             # No GPU counters: one line for the config instead of the same words per cell.
             verdicts = ", ".join(f"{v} in {n} of {len(g)} cells" for v, n in g["bottleneck"].value_counts().items())
@@ -47,6 +48,23 @@ def power_energy_section(cells: pd.DataFrame, energy_md: str) -> list[str]:
     if energy_md:
         lines += [energy_md, ""]
     return lines
+
+
+def nodes_note(g: pd.DataFrame) -> list[str]:
+    """Which nodes a layout's GPU energy covers, where it ran on several nodes
+    (servesweep.lifecycle.node_telemetry)."""
+    def listed(column):
+        values = g[column].dropna().astype(str) if column in g else pd.Series(dtype=str)
+        return sorted({n for v in values for n in v.split(",") if n and n != "none"}, key=int)
+    missing, summed = listed("gpu_energy_nodes_missing"), listed("gpu_energy_nodes")
+    if missing:
+        return [f"- GPU energy not measured on node(s) {', '.join(missing)} in some or all cells (each node's "
+                "samples: `telemetry.csv` for node 0, `telemetry/node<r>.csv` for the others): the energy figures "
+                "are node 0's alone where it measured them, not the layout's, and are not summed over nodes.", ""]
+    if len(summed) > 1:
+        return [f"- GPU energy summed over nodes {', '.join(summed)}: node 0's from its energy counter, each other "
+                "node's from its sampled power over the window (docs/multinode.md, \"Telemetry per node\").", ""]
+    return []
 
 
 def charts_section(cells: pd.DataFrame, capacity_probes: pd.DataFrame | None = None,
