@@ -114,7 +114,23 @@ def slo_choice(cells: pd.DataFrame, repeats: pd.DataFrame | None, slo: SLO) -> d
     est = margin_estimate(repeats, best, second)
     ratio = est.ratio if math.isfinite(est.ratio) else best["output_tok_s_per_gpu"] / second["output_tok_s_per_gpu"]
     out.update(runner_up=second, estimate=est, margin=ratio, lo=est.lo, hi=est.hi, verdict=decide.NOT_MEASURABLE)
+    apart = load_set_margin(repeats, best, second)
+    if apart:   # the margin is throughput where the load set it: shown, not decided, not in the margins' family
+        out.update(estimate=None, verdict=apart)
     return out
+
+
+def load_set_margin(repeats: pd.DataFrame | None, best: dict, second: dict) -> str | None:
+    """Why a pick's margin over its runner-up (output tok/s) cannot be decided: either cell an open-loop rate cell
+    (decide.LOAD_SET) or a session cell whose users moved in lockstep (decide.LOCKSTEP: the window's throughput
+    moves by whole waves); None where the server set it."""
+    if "rate" in (best.get("load"), second.get("load")):
+        return decide.LOAD_SET
+    locked = compare.lockstep_cells(repeats) if repeats is not None else []
+    if any(compare.locked(locked, (r["config"],), tuple(r.get(k) for k in compare.CELL_KEYS))
+           for r in (best, second)):
+        return decide.LOCKSTEP
+    return None
 
 
 def decide_margins(choices: list[dict], rule: decide.Rule) -> None:
@@ -188,6 +204,8 @@ def _choice_lines(label: str, choice: dict, cost: dict) -> list[str]:
                f"({_fmt(second['output_tok_s_per_gpu'], '.0f')} tok/s per {unit}): {margin} per {unit}")
     if choice["verdict"] == decide.NOT_MEASURABLE:
         verdict = "not a finding: fewer than two quiet launches (or rounds) give no interval"
+    elif choice["verdict"] in (decide.LOAD_SET, decide.LOCKSTEP):
+        verdict = choice["verdict"]
     elif choice["verdict"] == decide.UNDECIDED:
         verdict = ("no verdict: one launch per config (the interval, over rounds, leaves launch-to-launch variation "
                    "out)")
