@@ -4,12 +4,14 @@ the median of per-request rates; per launch, and for each config's paired ratio 
 
     python3 benchmarks/per_user_figure.py EXAMPLE_DIR [EXAMPLE_DIR …] [--baseline ar]
     python3 benchmarks/per_user_figure.py EXAMPLE_DIR --rebuild-into OUT_DIR [--no-report]
+    python3 benchmarks/per_user_figure.py EXAMPLE_DIR --in-place
     python3 benchmarks/per_user_figure.py --smoke
 
 With ``--rebuild-into``, each example is copied to OUT_DIR/<name>, its runs' tables get the three recomputed columns
 (the token-weighted figure as ``per_request_tok_s``, the mean and the median beside it, as the bench writes them
 now), and the copy's report is rebuilt with ``servesweep.rebuild``: the recorded report's verdicts and figures under
-the token-weighted figure, the recorded example left as it was.
+the token-weighted figure, the recorded example left as it was. With ``--in-place`` the example's own run tables get
+the columns (its raw requests only read); ``python3 -m servesweep.rebuild EXAMPLE_DIR`` then regenerates its report.
 
 Each figure is recomputed from the run folders' ``requests.jsonl(.gz)`` over each repeat's measured window
 (``window_start``/``window_end`` in ``repeats.csv``) with ``servesweep.stats.window_stats``, the bench's own code.
@@ -118,23 +120,22 @@ def _row_key(d: dict) -> tuple:
     return _key({k: v for k, v in d.items() if not (v is None or (isinstance(v, float) and math.isnan(v)))})
 
 
-def rebuild_into(example: Path, out_dir: Path, report: bool = True) -> Path:
-    """A copy of ``example`` under ``out_dir`` whose runs carry the recomputed per-user columns, its report rebuilt
-    unless ``report`` is false (a run folder that another tool reads, such as ``servesweep.sweepcompare``)."""
-    import shutil
-
+def recompute_in_place(example: Path) -> list[Path]:
+    """Each run folder of ``example`` (``runs/*``, or the folder itself where it holds run folders directly) given the
+    three recomputed per-user columns in ``repeats.csv`` and ``cells.csv``; the raw ``requests.jsonl(.gz)`` are only
+    read. A run folder without requests keeps the mean it recorded, and its tables stay without the new columns, so
+    the report's Setup still names the mean for it. Returns the run folders changed."""
     from servesweep.blocks import _numeric, _rows, cells_over_blocks
     from servesweep.cells import write_csv
-    from servesweep.rebuild import main as rebuild_main
 
-    copy = out_dir / example.name
-    if copy.exists():
-        shutil.rmtree(copy)
-    shutil.copytree(example, copy)
-    for run in sorted((copy / "runs").glob("*")):
+    changed = []
+    runs = sorted((example / "runs").glob("*")) if (example / "runs").is_dir() else sorted(example.glob("*"))
+    for run in runs:
         if not (run / "repeats.csv").exists() or not (run / "repeats.csv").stat().st_size:
             continue
         got = {_row_key(r): r for r in launch_figures(run).to_dict("records")}
+        if not got:
+            continue
         rows = _numeric(_rows(run / "repeats.csv"))
         for row in rows:
             figures = got.get(_row_key(row))
@@ -150,6 +151,24 @@ def rebuild_into(example: Path, out_dir: Path, report: bool = True) -> Path:
         for column in [c for c in again.columns if c.startswith("per_request_tok_s")]:
             cells[column] = again[column].to_numpy()
         cells.to_csv(run / "cells.csv", index=False)
+        changed.append(run)
+    return changed
+
+
+def rebuild_into(example: Path, out_dir: Path, report: bool = True) -> Path:
+    """A copy of ``example`` under ``out_dir`` whose runs carry the recomputed per-user columns, its report rebuilt
+    unless ``report`` is false (a run folder that another tool reads, such as ``servesweep.sweepcompare``)."""
+    import shutil
+
+    from servesweep.rebuild import main as rebuild_main
+
+    copy = out_dir / example.name
+    if copy.resolve() == example.resolve():
+        raise SystemExit(f"--rebuild-into {out_dir}: that is where {example} lies; use --in-place to convert it")
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(example, copy)
+    recompute_in_place(copy)
     if report:
         rebuild_main([str(copy)])
     return copy
@@ -187,12 +206,19 @@ def main(argv=None) -> int:
     ap.add_argument("--rebuild-into", type=Path, metavar="OUT_DIR",
                     help="copy each example here with the recomputed columns and rebuild its report")
     ap.add_argument("--no-report", action="store_true", help="with --rebuild-into: the run folders' tables only")
+    ap.add_argument("--in-place", action="store_true",
+                    help="give the examples' own run tables the recomputed columns (then rebuild their reports)")
     args = ap.parse_args(argv)
     if args.smoke:
         smoke()
         return 0
     if not args.examples:
         ap.error("name one or more example folders (or --smoke)")
+    if args.in_place:
+        for example in args.examples:
+            for run in recompute_in_place(example):
+                print(run)
+        return 0
     if args.rebuild_into:
         for example in args.examples:
             print(rebuild_into(example, args.rebuild_into, report=not args.no_report))

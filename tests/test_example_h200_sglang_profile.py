@@ -161,13 +161,13 @@ def test_no_verdict_one_launch_per_config(report):
     assert (speedup["verdict"] == "not measurable").all() and speedup["speedup_lo"].isna().all()
     assert (speedup["design"] == "one launch per config").all()
     assert [round(speedup.loc[c, "speedup"], 2) for c in (1, 64)] == [0.08, 0.29]
-    assert [round(speedup.loc[c, "per_request_speedup"], 2) for c in (1, 64)] == [0.06, 0.25]
+    assert [round(speedup.loc[c, "per_request_speedup"], 2) for c in (1, 64)] == [0.07, 0.26]
     # C = 1 was client-bound (below), which each of its cells says
     assert matrix_table(text, "sharegpt prompts", "throughput")["`ar-nograph`"] == [
         "· 0.08× (no interval) not measurable (client-bound)", "· 0.29× (no interval) not measurable"]
     assert matrix_table(text, "sharegpt prompts", "per user")["`ar-nograph`"] == [
-        "· 0.06× (no interval) not measurable (client-bound)", "· 0.25× (no interval) not measurable"]
-    assert "0.08× at C = 1 and 0.29× at C = 64 in output tok/s (0.06× and 0.25× per request)" in readme()
+        "· 0.07× (no interval) not measurable (client-bound)", "· 0.26× (no interval) not measurable"]
+    assert "0.08× at C = 1 and 0.29× at C = 64 in output tok/s (0.07× and 0.26× per request)" in readme()
     assert set(cells["bottleneck"]) == {diagnosis.HOST}
     for cfg in CONFIGS:
         assert (f"- `{cfg}` sharegpt C=1: client-bound in 1 of 1 rounds") in text

@@ -131,7 +131,7 @@ def test_the_report_names_the_missing_launch_and_decides_nothing(report):
         for metric in ("per user", "throughput"):
             assert all(c.startswith("· ") and " not measurable" in c
                        for c in matrix_table(text, prompts, metric)["`draft-k8`"])
-    assert "a step 24.66 ms against 2.04 ms per plain decode step (12.10×)" in text
+    assert "a step 24.95 ms against 2.04 ms per plain decode step (12.23×)" in text
     assert "1,307,316 tokens against the baseline's 2,472,929" in text and "1,213 MiB of weights" in text
     assert "draft decode CUDA-graph capture 0.60 GB" in text and "target verify CUDA-graph capture 0.59 GB" in text
     assert "draft decode CUDA-graph capture 29.6 s" in text

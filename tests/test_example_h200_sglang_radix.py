@@ -97,7 +97,9 @@ def test_launch_figures_of_the_readme(repeats):
     ttft = (table["ttft_p50_s"] * 1000).round()
     assert [ttft[("ar", 64, k)] for k in range(3)] == [400, 302, 296]
     per = table["per_request_tok_s"]
-    assert round(per[("ar-noradix", 1, 1)]) == 840
+    # the outlying launch: a near-burst stream lifted the recorded mean, not the tokens' rate
+    assert round(per[("ar-noradix", 1, 1)]) == 632
+    assert round(table["per_request_tok_s_mean"][("ar-noradix", 1, 1)]) == 840
     lag = table["loop_lag_p99_ms"]
     assert all(1.0 < lag[(c, 1, k)] < 1.5 for c in CONFIGS for k in range(3))
     flagged = repeats[repeats["client_workers"] > 1]
@@ -114,8 +116,8 @@ def test_pairing_gain_figures(repeats):
     assert table.loc[("ar-copy", 1), cols[1:]].round(1).tolist() == [8.6, 8.3, 32.5, 20.6]
     assert table.loc[("ar-copy", 64), "blocks_split_across_runs"] == "0,1,2"
     per = pairing_gain.gain(repeats, "ar", "per_request_tok_s").set_index(["config", "concurrency"])
-    assert per.loc[("ar-copy", 1), ["paired_cv_pct", "unpaired_cv_pct"]].round(1).tolist() == [2.9, 6.1]
-    assert per.loc[("ar-copy", 64), ["paired_cv_pct", "unpaired_cv_pct"]].round(1).tolist() == [6.6, 22.6]
+    assert per.loc[("ar-copy", 1), ["paired_cv_pct", "unpaired_cv_pct"]].round(1).tolist() == [6.4, 9.9]
+    assert per.loc[("ar-copy", 64), ["paired_cv_pct", "unpaired_cv_pct"]].round(1).tolist() == [6.6, 23.0]
 
 
 def test_hit_rates_ttft_per_turn_and_energy(report):
@@ -164,7 +166,7 @@ def test_verdicts_the_replicate_and_the_split_blocks(report):
     assert text.count("measured in 2 runs") == 1
     assert "Blocks 0, 1 and 2 were each measured in 2 runs (`ar`, `ar-noradix` in run `20261202T151923-1067`; " \
            "`ar-copy` in run `20261202T153401-5607`)" in text
-    assert "smallest difference seen: ±202.4 % per user at C=1." in text
+    assert "smallest difference seen: ±53.0 % per user at C=1." in text
     assert "`ar-noradix` 1.10× [0.73, 1.65] not decided (lockstep) |" in text
     # throughput at the highest C, as the first screen's batch row
     assert matrix_table(text, "multi_turn prompts", "throughput")["`ar-noradix`"][-1] == \

@@ -189,15 +189,28 @@ def _matrix_text(matrix: dict, cells: pd.DataFrame | None = None) -> str:
 
 
 def per_user_text(cells: pd.DataFrame | None) -> str:
-    """What the per-user figure is in this sweep's runs: token-weighted, or (runs recorded before 2026-12-06, whose
-    tables lack ``per_request_tok_s_mean``) the arithmetic mean of the requests' decode rates."""
-    if cells is not None and len(cells) and "per_request_tok_s_mean" not in cells:
-        return ("Per user (per-request decode tok/s) is, in these runs, the arithmetic mean of the window's "
-                "requests' decode rates (recorded before 2026-12-06; since then the pipeline reports the "
-                "token-weighted rate, which `benchmarks/per_user_figure.py` recomputes for these runs).")
-    return ("Per user (per-request decode tok/s) is token-weighted: the window's requests' tokens after their first "
-            "over their time from first to last token, one over their mean TPOT per token (the median and the mean "
-            "of the requests' rates are in cells.csv).")
+    """What the per-user figure is in this sweep's runs: token-weighted, or (runs recorded before 2026-12-06 whose
+    requests were not kept, so their tables lack ``per_request_tok_s_mean``) the arithmetic mean of the requests'
+    decode rates — named per config where a sweep holds both."""
+    weighted = ("Per user (per-request decode tok/s) is token-weighted: the window's requests' tokens after their "
+                "first over their time from first to last token, one over their mean TPOT per token (the median and "
+                "the mean of the requests' rates are in cells.csv).")
+    if cells is None or not len(cells):
+        return weighted
+    has_mean = (cells["per_request_tok_s_mean"].notna() if "per_request_tok_s_mean" in cells
+                else pd.Series(False, index=cells.index))
+    if has_mean.all():
+        return weighted
+    mean = ("the arithmetic mean of the window's requests' decode rates (recorded before 2026-12-06; "
+            "`benchmarks/per_user_figure.py --in-place` recomputes the token-weighted rate for runs that kept their "
+            "requests)")
+    if not has_mean.any():
+        return f"Per user (per-request decode tok/s) is, in these runs, {mean}."
+    if "config" not in cells:
+        return f"Per user (per-request decode tok/s) is token-weighted in some cells and, in the rest, {mean}."
+    old = sorted(set(cells.loc[~has_mean, "config"]) - set(cells.loc[has_mean, "config"]))
+    return (weighted[:-1] + f"; in {', '.join(f'`{c}`' for c in old)} it is {mean}, so per-user ratios between "
+            "these and the others set two different figures side by side.")
 
 
 def workloads_section(metas: list[dict], cells: pd.DataFrame) -> list[str]:
