@@ -108,6 +108,8 @@ def slo_rows(choices: list[tuple], simulated: dict[str, float] | None = None) ->
         margin = f"{choice['margin']:.2f}×" + (f" [{choice['lo']:.2f}, {choice['hi']:.2f}]"
                                                 if pd.notna(choice.get("lo")) else "")
         verdict = choice.get("verdict") or ""
+        if verdict in (decide.LOAD_SET, decide.LOCKSTEP):  # the bullet under "Per SLO" says why, in full
+            verdict = verdict_mark(verdict)[1]
         rows.append([question, pick, "–",
                      f"{_name(second['config'], simulated)} at {_point(second)}: pick {margin} {verdict}".rstrip()])
     return rows
