@@ -6,6 +6,7 @@ Every error names the config key and what to change, and all of them are raised 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 import re
@@ -199,7 +200,9 @@ def semantic_problems(config: dict) -> list[tuple[str, str, str]]:
             engine = get_engine(sc["engine"])
         except KeyError:
             continue  # the schema already reported the engine
-        problems += engine.config_problems(ServerConfig.from_config(name, config), typed_matrix,
+        own = typed_matrix if typed_matrix is None or not sc.get("workloads") else \
+            dataclasses.replace(typed_matrix, workloads=list(sc["workloads"]))  # the config's own workloads
+        problems += engine.config_problems(ServerConfig.from_config(name, config), own,
                                            config.get("host", {}).get("gpus"))
     matrix = config.get("matrix", {})
     for ctx in matrix.get("context_lengths", []):

@@ -33,7 +33,8 @@ def test_the_typed_sweep_has_no_defaults_but_the_schemas():
     fields = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
               for f in dataclasses.fields(ServerConfig)}
     schema_defaults = {key: spec["default"] for key, spec in entry.items() if "default" in spec}
-    fields["nodes"] = fields["layout"].nodes  # `nodes` and `roles` are read into the config's Layout
+    # `nodes`, `roles` and `colocate_roles` are read into the config's Layout
+    fields["nodes"], fields["colocate_roles"] = fields["layout"].nodes, fields["layout"].colocated
     assert schema_defaults and {key: fields[key] for key in schema_defaults} == schema_defaults
 
 

@@ -422,6 +422,12 @@ class SGLangEngine(Engine):
     def layout_problems(self, sc):
         return sglang_ranks.layout_problems(self, sc)
 
+    def text_prompts_only(self, sc):
+        # sglang-router 0.3.2 answers a token-id prompt with HTTP 422 ("prompt: data did not match any variant of
+        # untagged enum StringOrArray"): measured on an H100, docs/multinode.md "On one GPU"
+        return ("SGLang's router takes only text prompts on /v1/completions"
+                if any(r.name == "router" for r in sc.layout.roles) else None)
+
     def rank_launches(self, sc, model_path, prepared, placement, next_port):
         return sglang_ranks.rank_launches(self, sc, model_path, prepared, placement, next_port)
 

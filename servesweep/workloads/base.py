@@ -71,6 +71,8 @@ class Workload(ABC):
     # Whether its cells are simulated users holding conversations (a ``SessionSource``): closed-loop by users, and
     # open-loop by session arrivals (its rate cells' ``request_rate`` is then sessions per second).
     sessions: ClassVar[bool] = False
+    # its completions prompts are token ids, not text (an endpoint that takes only text cannot serve it)
+    token_ids: ClassVar[bool] = False
     # The config key that sets its prompts' lengths, which a context check names in its fix.
     length_key: ClassVar[str] = "matrix.context_lengths"
 

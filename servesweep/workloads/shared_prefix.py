@@ -44,6 +44,7 @@ class SharedPrefixPrompts:
 class SharedPrefix(Workload):
     length_key = "matrix.shared_prefix"
     name = "shared_prefix"
+    token_ids = True
     summary = ("groups of requests sharing an exact-length prefix, each with a unique suffix; the prefix-cache hit "
                "rate is compared with the reuse intended")
     reuses_prefixes = True

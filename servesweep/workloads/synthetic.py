@@ -95,6 +95,7 @@ class SyntheticPrompts:
 
 class Synthetic(Workload):
     name = "synthetic"
+    token_ids = True
     summary = "exact-length token ids cut from a random word list, unique per request"
 
     def prompt_lengths(self, matrix: MatrixView) -> list[int]:

@@ -149,6 +149,7 @@ class TracePrompts:
 
 class Trace(Workload):
     name = "trace"
+    token_ids = True
     summary = ("a recorded trace replayed open-loop (Mooncake format: arrival, input and output length, prefix "
                "block hashes), at its pace times each speedup")
     reuses_prefixes = True
