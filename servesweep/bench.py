@@ -31,7 +31,7 @@ from servesweep.envcheck import cpu_model
 from servesweep.launch_failure import (STAGES, BenchJobFailed, LaunchFailure, failure_message, publish_failure,
                                        remeasure_command)
 from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, claim_launch, lease_for_config,
-                                  node_telemetry, tail_lines, wait_until_ready)
+                                  node_telemetry, wait_until_ready)
 from servesweep.lifecycle.ranks import claim_ranks, flush_pools, local_world, placement_for, server_url
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
 from servesweep.metrics_series import MetricsSampler, SeriesSettings

@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from servesweep import promtext
+from servesweep.lifecycle.ranks import server_url
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,8 @@ async def keep_metrics(writer, session: aiohttp.ClientSession, server, metrics_p
     """The endpoint's whole exposition as ``metrics-<when>.prom`` in the attempt folder (for diagnosis, and for
     checking the parsers against a real server's output), and each role server's as
     ``ranks/<rank>.metrics-<when>.prom`` beside its log."""
-    # behind a router the engine metrics are a decode server's (RankGroup.server_url); the router's are its own
-    await writer.keep_metrics(session, getattr(server, "server_url", server.base_url), metrics_path,
-                              f"metrics-{when}.prom")
+    # behind a router the engine metrics are a decode server's; the router's are its own
+    await writer.keep_metrics(session, server_url(server), metrics_path, f"metrics-{when}.prom")
     targets = role_targets(server, metrics_path)
     for name, text in (await scrape_roles(session, targets)).items():
         if text:
