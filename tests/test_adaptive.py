@@ -134,12 +134,13 @@ def test_a_sweep_decided_at_its_first_look_measures_no_more_blocks(tmp_path):
 @pytest.mark.e2e
 def test_a_sweep_not_decided_at_a_look_measures_the_next_looks_blocks(tmp_path):
     """Two configs of the same speed: at 2 blocks (one degree of freedom, the first look's small share of alpha)
-    neither a difference nor equivalence can be called, so the sweep goes on to its second look."""
+    a first-screen comparison is left undecided, so the sweep goes on to its second look. (Which ones varies with the
+    launches' noise: in one run of the suite only the throughput pair was left, the per-user one decided at df 1.)"""
     work = _run(tmp_path, {"base": 200.0, "same": 200.0}, [2, 4])
     first = adaptive.read_look(work / "results" / "design" / "look0")
     assert _blocks_measured(work) == {"base": [0, 1, 2, 3], "same": [0, 1, 2, 3]}, (
         first, (work / "results" / "design" / "look0" / "tables" / "speedup.csv").read_text())
-    assert first["go_on"] and first["reason"] == "next look" and len(first["undecided"]) == 2
+    assert first["go_on"] and first["reason"] == "next look" and 1 <= len(first["undecided"]) <= 2
     last = adaptive.read_look(work / "results" / "design" / "look1")
     assert not last["go_on"] and last["reason"] in ("decided", "last look") and last["blocks"] == 4
     # the report is decided over the second look's blocks (whatever it calls: the rule's error rates are the
