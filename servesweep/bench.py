@@ -34,15 +34,16 @@ from servesweep.lifecycle import (HostLease, ServerProcess, ServerStartError, cl
                                   node_telemetry, wait_until_ready)
 from servesweep.lifecycle.ranks import claim_ranks, flush_pools, local_world, placement_for, server_url
 from servesweep.loadgen import ArrivalPlan, LoadSpec, WindowPlan, run_load
+from servesweep.loadgen.prompts import TextFromIds
 from servesweep.metrics_series import MetricsSampler, SeriesSettings
 from servesweep.plan import BenchJob, Block, JobPaths, Matrix, ServerConfig
 from servesweep.profiled import ProfileSettings, profile_window
-from servesweep.progress import CellProgress
+from servesweep.progress import CellProgress, cell_line as _cell_line, shown as _shown
 from servesweep.slo import SLO
 from servesweep.warmup import cache_growth, cache_snapshot
 from servesweep.telemetry import Telemetry, cpu_snapshot, energy_per_token, other_cpu_pct
 from servesweep.cells import CellKey, CellRow, CellWriter, cell_id, write_csv  # noqa: F401 (the bench's names)
-from servesweep.limits import check_model_context, kv_capacity_columns
+from servesweep.limits import check_model_context, kv_capacity_columns, text_tokenizer
 from servesweep.workloads import get_workload, prefix_reuse_columns
 
 log = logging.getLogger(__name__)
@@ -166,13 +167,15 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
                       max_s=matrix.max_window_s)
     flushed = await flush_pools(engine, session, server) if matrix.flushes_cache(key.workload) else None
     endpoint = workload.endpoint(matrix)
+    as_text = sc.text_tokenizer is not None and workload.token_ids  # an endpoint that takes only text
     fields = {**(engine.chat_fields(sc) if endpoint == "chat" else engine.load_fields(sc)),
               **engine.cache_fields(sc, workload.reuses_prefixes)}
     spec = LoadSpec(base_url=base, model=sc.served_name, concurrency=conc, prompts=[],
                     output_tokens=matrix.output_tokens, temperature=matrix.temperature, endpoint=endpoint,
                     extra_fields=fields, request_timeout_s=sc.request_timeout_s,
                     chunk_tokens=engine.chunk_tokens, chunks_are_tokens=engine.chunks_are_tokens(sc), label=f"{sc.name} {key.workload} ctx={key.ctx} {_shown(key)}",
-                    window=plan, prompt_source=source, arrivals=arrivals)
+                    window=plan, prompt_source=TextFromIds(source, str(sc.text_tokenizer)) if as_text else source,
+                    arrivals=arrivals)
     name = f"{cell_id(key.workload, key.ctx, key.load, key.level)}_r{key.repeat}"
     samples: list[dict] = []
     records, columns = await measure_cell(server, engine, sc, session, spec, telemetry, name, slos, series=series,
@@ -201,6 +204,7 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
                                   f"{key.repeat}: {server.exit_reason()}")
     columns["requested_prompt_tokens"] = workload.requested_prompt_tokens(key.ctx)
     columns["endpoint"] = endpoint
+    columns["prompt_form"] = "text from token ids" if as_text else ""
     columns["cache_flushed"] = math.nan if flushed is None else flushed
     cell_records = [r for r in records if r.get("phase") != "client-bound"]
     columns.update(workload.cell_columns([r for r in cell_records if r.get("phase") == "measured"]))
@@ -210,23 +214,6 @@ async def run_cell(server: ServerProcess, engine, sc: ServerConfig, matrix: Matr
     if not closed:
         columns["max_concurrency"] = matrix.max_concurrency
     return row
-
-
-def _shown(key: CellKey) -> str:
-    return f"C={int(key.concurrency)}" if key.closed else f"rate={key.request_rate:g}/s"
-
-
-def _cell_line(row: CellRow) -> str:
-    """The log line of one measured repeat."""
-    key, c = row.key, row.columns
-    offered = "" if key.closed else (f", {c['achieved_arrival_rps']:.2f} req/s sent of {key.request_rate:g} "
-                                     f"offered, send lag p99 {c['send_lag_p99_ms']:.1f} ms")
-    if "session_rate" in c:
-        offered = (f", {c['sessions_started_rps']:.2f} sessions/s started of {c['session_rate']:g} offered, "
-                   f"{c['request_rps_reached']:.2f} req/s, up to {c['in_flight_max']:.0f} in flight")
-    return (f"[{row.config}] {key.workload} ctx={key.ctx} {_shown(key)} rep={key.repeat}: "
-            f"{c.get('agg_output_tok_s', math.nan):.1f} tok/s over {c['window_s']:.1f} s "
-            f"({c['requests']} requests in the window{offered}), {c['errors']} errors")
 
 
 async def run_matrix(server: ServerProcess, engine, sc: ServerConfig, matrix: Matrix, telemetry: Telemetry,
@@ -443,6 +430,7 @@ def run_config(job: BenchJob, inputs: JobInputs, paths: JobPaths,
                              f"given (got {(draft or {}).get('model')!r}) — fix: pass it as the bench job's "
                              "draft_model input")
         job = replace(job, server=replace(sc, draft_path=Path(draft["path"])))
+    job = replace(job, server=replace(job.server, text_tokenizer=text_tokenizer(job, inputs.manifest)))
     engine = get_engine(sc.engine)
     world = engine.world_size(sc.options) if sc.layout.single else local_world(
         engine, sc, Path(inputs.manifest["path"]), inputs.engine_facts, placement_for(sc))

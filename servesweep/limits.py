@@ -1,11 +1,15 @@
 """What a server can hold against what a sweep asks of it: the longest request against the model's own context
 before launch (``check_model_context``), and a cell's requests in flight against the KV capacity and the running
-slots the server reports (``kv_capacity_columns``). docs/workloads.md, "Long context and the KV cache"."""
+slots the server reports (``kv_capacity_columns``). docs/workloads.md, "Long context and the KV cache". And what an
+endpoint takes: the tokenizer that turns token-id prompts into text for one that takes only text
+(``text_tokenizer``)."""
 from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 
+from servesweep.engines import get_engine
 from servesweep.engines.base import CONTEXT_SLACK_TOKENS
 from servesweep.models import model_max_context
 from servesweep.plan import BenchJob
@@ -53,3 +57,22 @@ def check_model_context(job: BenchJob, manifest: dict) -> dict:
                          f"{key} (or matrix.output_tokens) so that a request holds at most {most} tokens, or serve a "
                          "model with a longer context")
     return {"model_max_context_tokens": most, "model_max_context_source": where}
+
+
+def text_tokenizer(job: BenchJob, manifest: dict) -> Path | None:
+    """The tokenizer that turns the job's token-id prompts into text (``loadgen.prompts.TextFromIds``) where its
+    endpoint takes only text (``Engine.text_prompts_only``: SGLang's router): the model's own ``tokenizer.json``.
+    None where the endpoint takes token ids or no workload of the job sends them. Before any server starts: a
+    ValueError naming the key and the fix where the model has no ``tokenizer.json``."""
+    sc = job.server
+    why = get_engine(sc.engine).text_prompts_only(sc)
+    ids = [w for w in job.matrix.workloads if get_workload(w).token_ids]
+    if why is None or not ids:
+        return None
+    path = Path(manifest["path"]) / "tokenizer.json"
+    if not path.is_file():
+        raise ValueError(f"config key `server_configs.{job.name}.workloads`: {', '.join(ids)} send token ids and "
+                         f"{why}; they are sent as the text their ids decode to, with the model's tokenizer.json, "
+                         f"which model '{sc.model_name}' does not have ({path}) — fix: give this config text "
+                         "workloads of its own (workloads: [sharegpt], humaneval, multi_turn or sharegpt_multi_turn)")
+    return path

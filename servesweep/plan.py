@@ -221,6 +221,9 @@ class ServerConfig:
     draft_model_name: str | None = None  # `draft_model`: another models entry, the draft of speculative decoding
     draft_model: dict | None = None
     draft_path: Path | None = None  # where the draft is on this host: set by the bench job from its manifest
+    # the tokenizer that sends token-id prompts as text to an endpoint that takes only text: set by the bench job
+    # (limits.text_tokenizer)
+    text_tokenizer: Path | None = None
     # `speculation:` — an accept length the engine is told to simulate (servesweep.acceptance); None: measured
     simulation: Simulation | None = None
     # `nodes` and `roles`: the processes of one server (servesweep.layout); Layout(): one process on one host

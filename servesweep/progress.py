@@ -90,3 +90,21 @@ class CellProgress:
                 f"cell {self.finished}/{self.total}, {when}")
         log.info(line, extra=TERMINAL)
         return line
+
+
+def shown(key) -> str:
+    """A cell's load as the log shows it: C=… or rate=…/s."""
+    return f"C={int(key.concurrency)}" if key.closed else f"rate={key.request_rate:g}/s"
+
+
+def cell_line(row) -> str:
+    """The log line of one measured repeat."""
+    key, c = row.key, row.columns
+    offered = "" if key.closed else (f", {c['achieved_arrival_rps']:.2f} req/s sent of {key.request_rate:g} "
+                                     f"offered, send lag p99 {c['send_lag_p99_ms']:.1f} ms")
+    if "session_rate" in c:
+        offered = (f", {c['sessions_started_rps']:.2f} sessions/s started of {c['session_rate']:g} offered, "
+                   f"{c['request_rps_reached']:.2f} req/s, up to {c['in_flight_max']:.0f} in flight")
+    return (f"[{row.config}] {key.workload} ctx={key.ctx} {shown(key)} rep={key.repeat}: "
+            f"{c.get('agg_output_tok_s', math.nan):.1f} tok/s over {c['window_s']:.1f} s "
+            f"({c['requests']} requests in the window{offered}), {c['errors']} errors")

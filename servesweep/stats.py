@@ -536,7 +536,7 @@ def combine_cell(repeats: list[dict]) -> dict:
     out.update(pooled_attainment(clean, names))
     out["error_kinds"] = merge_kind_counts(r.get("error_kinds") for r in clean)
     out["repeats_host_busy"] = sum(host_busy(r) for r in repeats)
-    for key in ("config", "engine", *CELL_KEYS, "max_concurrency", "requested_prompt_tokens"):
+    for key in ("config", "engine", *CELL_KEYS, "max_concurrency", "requested_prompt_tokens", "prompt_form"):
         if key in repeats[0]:
             out[key] = repeats[0][key]  # identical in every repeat: keys, not measurements
     out["cell_start"], out["cell_end"] = repeats[0]["cell_start"], repeats[-1]["cell_end"]

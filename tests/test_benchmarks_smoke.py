@@ -25,6 +25,7 @@ SMOKE = {
     "calibration_realistic.py": [],
     "calibration_splitblocks.py": [],
     "capacity_looks.py": [],
+    "text_from_ids.py": [],
 }
 # script -> the test that runs it
 RUN_ELSEWHERE = {

@@ -11,7 +11,7 @@ import pytest
 from conftest import example_fixtures, example_readme
 
 from prometheus_client.parser import text_string_to_metric_families
-from servesweep.config import ConfigError, check_config
+from servesweep.config import check_config
 
 pytestmark = pytest.mark.shares_host
 
@@ -76,8 +76,12 @@ def test_the_report_leaves_pd_out_and_states_single(report):
     assert re.search(r"\| `pd` \| ctx=1024 C=1 \| prefill \| 1 \|", text)       # the per-role table, from real servers
 
 
-def test_the_recorded_config_is_refused_today():
+def test_the_recorded_config_now_sends_its_token_id_prompts_to_the_router_as_text(tmp_path):
     import yaml
-    cfg = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
-    with pytest.raises(ConfigError, match="server_configs.pd.workloads"):
-        check_config(cfg)
+
+    from servesweep.limits import text_tokenizer
+    from servesweep.plan import BenchJob
+    config = check_config(yaml.safe_load((EXAMPLE / "config.yaml").read_text()))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert text_tokenizer(BenchJob.from_config("pd", config), {"path": str(tmp_path)}) == tmp_path / "tokenizer.json"
+    assert text_tokenizer(BenchJob.from_config("single", config), {"path": str(tmp_path)}) is None

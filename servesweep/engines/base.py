@@ -213,7 +213,7 @@ class Engine(abc.ABC):
         if sc.simulation is not None:
             problems += self.simulation_problems(sc)
         if matrix is not None:
-            problems += self.context_problems(sc, matrix) + self.prompt_form_problems(sc, matrix)
+            problems += self.context_problems(sc, matrix)
         world = self.world_size(sc.options)
         if host_gpus is not None and world > host_gpus:
             problems.append((f"server_configs.{sc.name}.options",
@@ -330,16 +330,9 @@ class Engine(abc.ABC):
 
     # --- a server of several processes (servesweep.layout, docs/multinode.md) ------------------------------------
     def text_prompts_only(self, sc: ServerConfig) -> str | None:
-        """Why ``sc``'s endpoint takes only text prompts on /v1/completions (None: it takes token ids too)."""
+        """Why ``sc``'s endpoint takes only text prompts on /v1/completions (None: it takes token ids too). The bench
+        job then sends token-id workloads' prompts as the text they decode to (``limits.text_tokenizer``)."""
         return None
-
-    def prompt_form_problems(self, sc: ServerConfig, matrix: Matrix) -> list[Problem]:
-        """Workloads that send token ids to an endpoint that takes only text."""
-        why = self.text_prompts_only(sc)
-        ids = [w for w in matrix.workloads if get_workload(w).token_ids] if why else []
-        return [(f"server_configs.{sc.name}.workloads", f"{', '.join(ids)} send token ids and {why}",
-                 "give this config text workloads of its own (workloads: [sharegpt], humaneval, multi_turn or "
-                 "sharegpt_multi_turn)")] if ids else []
 
     def layout_problems(self, sc: ServerConfig) -> list[Problem]:
         """What this engine cannot do of ``sc.layout`` (not one process), found before any server starts. An engine

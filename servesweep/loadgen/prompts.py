@@ -5,7 +5,8 @@ generator: a steady-state cell draws them from a :class:`PromptSource`, one per 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 
@@ -52,3 +53,31 @@ class PromptSource(Protocol):
     the same prompt in every config). It is pickled into worker processes, so a frozen dataclass suits it."""
 
     def get(self, index: int) -> Prompt: ...
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(path)
+
+
+@dataclass(frozen=True)
+class TextFromIds:
+    """A token-id prompt source sent as text, for an endpoint that takes only text (SGLang's router: an
+    ``Engine.text_prompts_only`` config): each prompt's ids decoded by the model's own tokenizer (``tokenizer_file``,
+    its ``tokenizer.json``). The server tokenizes that text again, so a prompt's length is the server's count, which
+    can differ from the ids' by a few tokens where the ids were not the tokenizer's own split of their text; prompts
+    that share leading ids share leading text. Each request's record keeps the ids' length
+(``requested_prompt_tokens``). Text and chat prompts pass through as they are."""
+
+    source: PromptSource
+    tokenizer_file: str
+
+    def get(self, index: int) -> Prompt:
+        prompt = self.source.get(index)
+        ids = prompt.payload
+        if isinstance(ids, list) and ids and isinstance(ids[0], int):
+            text = _tokenizer(self.tokenizer_file).decode(ids, skip_special_tokens=False)
+            return replace(prompt, payload=text, fields=prompt.fields + (("requested_prompt_tokens", len(ids)),))
+        return prompt

@@ -92,12 +92,29 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, rule: de
                        "before enough requests completed; its latency percentiles rest on fewer requests than asked for.")
     out += prefix_reuse_findings(cells)
     out += kv_capacity_findings(cells)
+    as_text = (cells["prompt_form"].fillna("") == "text from token ids") if "prompt_form" in cells else False
     if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
-        synthetic = cells[cells.get("workload", "synthetic") == "synthetic"]
+        synthetic = cells[(cells.get("workload", "synthetic") == "synthetic") & ~as_text]
         off = synthetic[(synthetic["prompt_tokens_per_request"] - synthetic["requested_prompt_tokens"]).abs() > 2]
         for r in off.itertuples():
             out.append(f"- `{r.config}` ctx={r.ctx}: the server counted {r.prompt_tokens_per_request:.0f} prompt "
                        f"tokens per request for {r.requested_prompt_tokens} requested.")
+    return out + text_form_findings(cells[as_text]) if "prompt_form" in cells else out
+
+
+def text_form_findings(cells: pd.DataFrame) -> list[str]:
+    """A line per config whose token-id prompts went to an endpoint that takes only text (SGLang's router): they were
+    sent as the text their ids decode to, and the server counted the tokens (``loadgen.prompts.TextFromIds``)."""
+    out = []
+    for config, rows in cells.groupby("config", sort=True):
+        counted = rows.get("prompt_tokens_per_request", pd.Series(dtype=float))
+        asked = rows.get("requested_prompt_tokens", pd.Series(dtype=float))
+        gap = (counted - asked).dropna()
+        told = (f"; the server counted {gap.min():+.1f} to {gap.max():+.1f} prompt tokens per request against the "
+                "ids' length" if len(gap) else "")
+        out.append(f"- `{config}`: its endpoint takes only text, so the token-id prompts of "
+                   f"{', '.join(sorted(rows['workload'].astype(str).unique()))} were sent as the text their ids decode "
+                   f"to with the model's own tokenizer, and the server tokenized them again{told}.")
     return out
 
 
