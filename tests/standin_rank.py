@@ -8,7 +8,8 @@
 - a prefill or decode server (``--disaggregation-mode`` / ``--kv-transfer-config``) serves HTTP at once; a prefill
   server also opens its bootstrap port;
 - the router (``-m sglang_router.launch_router`` or ``proxy``) serves only once every pool answers /health, and
-  forwards each completion to a prefill server, then to a decode server;
+  forwards each completion to a prefill server, then to a decode server; SGLang's answers a completion whose prompt
+  is token ids with HTTP 422, as sglang-router 0.3.2 did on an H100 (examples/h100-sglang-pd-1gpu);
 - metrics: a prefill or decode server serves /metrics in its engine's exposition format and names (SGLang 0.5.17's
   metrics_collector.py, vLLM's NIXL connector), counting what it served — 8 prompt tokens and 1 generated token per
   completion, and per completion one KV transfer of 3 ms and 0.5 MB on the side that reports it (SGLang: the prefill
@@ -120,7 +121,7 @@ def serve_metrics(host, port):
     say(f"router metrics on {host}:{port}")
 
 
-def serve_http(host, port, model, forward=None, mode=None):
+def serve_http(host, port, model, forward=None, mode=None, text_only=False):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -152,6 +153,9 @@ def serve_http(host, port, model, forward=None, mode=None):
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.path != "/v1/completions":
                 return self.reply(404, {"error": self.path})
+            if text_only and not isinstance(json.loads(body or b"{}").get("prompt"), str):
+                return self.reply(422, {"error": "Failed to deserialize the JSON body into the target type: prompt: "
+                                                 "data did not match any variant of untagged enum StringOrArray"})
             if forward:
                 for url in forward:  # the prefill server, then the decode server: the last one's answer is returned
                     req = urllib.request.Request(url + "/v1/completions", data=body,
@@ -221,7 +225,7 @@ def server(argv, model_pos):
     serve_http(host, port, model, mode=mode if mode != "plain" else None)
 
 
-def router(pools, host, port, model="m", metrics_port=None):
+def router(pools, host, port, model="m", metrics_port=None, text_only=False):
     say(f"router waiting for its pools {pools}")
     pending = set(pools)
     while pending:
@@ -236,7 +240,7 @@ def router(pools, host, port, model="m", metrics_port=None):
         time.sleep(0.1)
     if metrics_port:
         serve_metrics(flag(sys.argv, "--prometheus-host", "127.0.0.1"), metrics_port)
-    serve_http(host, port, model, forward=[pools[0], pools[-1]])
+    serve_http(host, port, model, forward=[pools[0], pools[-1]], text_only=text_only)
 
 
 def main(argv):
@@ -246,7 +250,7 @@ def main(argv):
         prefill = [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"]
         decode = [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"]
         return router(prefill + decode, flag(argv, "--host"), flag(argv, "--port"),
-                      metrics_port=flag(argv, "--prometheus-port"))
+                      metrics_port=flag(argv, "--prometheus-port"), text_only=True)
     if argv[:1] == ["serve"]:
         return server(argv, 1)
     if argv[:1] == ["proxy"]:

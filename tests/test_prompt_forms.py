@@ -17,6 +17,7 @@ from servesweep.loadgen.prompts import Prompt, TextFromIds
 from servesweep.plan import BenchJob
 from servesweep.report.findings import text_form_findings
 from servesweep.workloads.synthetic import SyntheticPrompts, corpus_text
+from test_multinode import standin  # noqa: F401 (the stand-in ranks' fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = yaml.safe_load((ROOT / "config" / "gpu-sglang-pd-1gpu.yaml").read_text())
@@ -132,3 +133,49 @@ def test_the_report_says_which_prompts_went_as_text():
     [line] = text_form_findings(cells)
     assert line.startswith("- `pd`: its endpoint takes only text") and "synthetic" in line
     assert "-0.5 to +1.0 prompt tokens per request" in line
+
+
+def test_through_a_stand_in_router_token_ids_get_422_and_their_text_gets_through(tmp_path, standin,  # noqa: F811
+                                                                                 tokenizer_file):
+    """A launched P/D group of stand-in ranks, whose router answers token-id prompts with HTTP 422 as sglang-router
+    0.3.2 did: the synthetic workload's cell fails as it did on the H100, and goes through as text. (The stand-ins
+    answer without streaming, so the text requests still fail for the client, with another error.)"""
+    from dataclasses import replace
+
+    import aiohttp
+
+    from servesweep.engines import get_engine
+    from servesweep.lifecycle.ranks import claim_ranks
+    from servesweep.loadgen import LoadSpec, WindowPlan
+    from servesweep.telemetry import Telemetry
+    from test_multinode import _sc, _wait_ready
+    sc = _sc("sglang", {"options": {}, "roles": {"prefill": {"transfer_backend": "nixl", "gpus": 0},
+                                                 "decode": {"transfer_backend": "nixl", "gpus": 0}, "router": {}}},
+             settings={"version": "0.5.17"})
+    eng = get_engine("sglang")
+    tok = Tokenizer.from_file(str(tokenizer_file))
+
+    async def tokenize(text):
+        return tok.encode(text).ids
+
+    ids = asyncio.run(SyntheticPrompts.build(tokenize, tok.encode(corpus_text(500)).ids, 48))
+    group, _ = claim_ranks(tmp_path / "servers", [], eng, sc, Path("/m"), {"python": str(standin)},
+                           tmp_path / "attempt", "pd")
+    spec = LoadSpec(base_url="", model="m", concurrency=1, prompts=[], output_tokens=1, progress=False,
+                    window=WindowPlan(warmup_s=0.0, warmup_requests=0, measure_s=0.5, measure_requests=2, max_s=5.0),
+                    prompt_source=ids)
+
+    async def cell(source):
+        async with aiohttp.ClientSession() as session:
+            records, _ = await bench.measure_cell(
+                group, eng, sc, session, replace(spec, base_url=group.base_url, prompt_source=source),
+                Telemetry([], samples_path=tmp_path / "telemetry.csv"), "cell")
+            return records
+
+    with group:
+        _wait_ready(group)
+        as_ids = asyncio.run(cell(ids))
+        as_text = asyncio.run(cell(TextFromIds(ids, str(tokenizer_file))))
+    assert as_ids and all((r["error"] or "").startswith("HTTP 422") for r in as_ids)
+    assert as_text and not any("422" in (r["error"] or "") for r in as_text)
+    assert all(r["requested_prompt_tokens"] == 48 for r in as_text)
