@@ -69,7 +69,7 @@ class TextFromIds:
     its ``tokenizer.json``). The server tokenizes that text again, so a prompt's length is the server's count, which
     can differ from the ids' by a few tokens where the ids were not the tokenizer's own split of their text; prompts
     that share leading ids share leading text. Each request's record keeps the ids' length
-(``requested_prompt_tokens``). Text and chat prompts pass through as they are."""
+    (``requested_prompt_tokens``). Text and chat prompts pass through as they are."""
 
     source: PromptSource
     tokenizer_file: str

@@ -92,14 +92,14 @@ def anomalies(cells: pd.DataFrame, repeats: pd.DataFrame | None = None, rule: de
                        "before enough requests completed; its latency percentiles rest on fewer requests than asked for.")
     out += prefix_reuse_findings(cells)
     out += kv_capacity_findings(cells)
-    as_text = (cells["prompt_form"].fillna("") == "text from token ids") if "prompt_form" in cells else False
+    as_text = cells.get("prompt_form", pd.Series("", index=cells.index)).fillna("") == "text from token ids"
     if {"prompt_tokens_per_request", "requested_prompt_tokens"} <= set(cells):
         synthetic = cells[(cells.get("workload", "synthetic") == "synthetic") & ~as_text]
         off = synthetic[(synthetic["prompt_tokens_per_request"] - synthetic["requested_prompt_tokens"]).abs() > 2]
         for r in off.itertuples():
             out.append(f"- `{r.config}` ctx={r.ctx}: the server counted {r.prompt_tokens_per_request:.0f} prompt "
                        f"tokens per request for {r.requested_prompt_tokens} requested.")
-    return out + text_form_findings(cells[as_text]) if "prompt_form" in cells else out
+    return out + text_form_findings(cells[as_text])
 
 
 def text_form_findings(cells: pd.DataFrame) -> list[str]:
